@@ -1,0 +1,44 @@
+"""`skiff` console script: each subcommand lives in skiff.commands.<name> with add_parser() and run()."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> module under skiff.commands; each module defines add_arguments(parser) and run(args) -> int
+COMMANDS: dict[str, str] = {
+    "serve": "serve",
+    "generate": "generate",
+    "bench": "bench",
+    "download": "download",
+    "router": "router",
+}
+HELP: dict[str, str] = {
+    "serve": "serve a model over an OpenAI-compatible HTTP API",
+    "generate": "generate offline from prompts on the command line",
+    "bench": "benchmarks: `offline` (in-process engine) or `serve` (load generator for any OpenAI server)",
+    "download": "download a model (hf://org/name[@rev]) into a local directory",
+    "router": "the in-cluster OpenAI endpoint that routes by model to InferenceServices",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="skiff", description="Skiff LLM serving")
+    sub = parser.add_subparsers(dest="command", required=True)
+    modules = {}
+    for name, module in COMMANDS.items():
+        try:
+            mod = importlib.import_module(f"skiff.commands.{module}")
+        except ModuleNotFoundError as e:
+            if e.name != f"skiff.commands.{module}":
+                raise
+            continue
+        modules[name] = mod
+        mod.add_arguments(sub.add_parser(name, help=HELP[name], description=HELP[name]))
+    args = parser.parse_args(argv)
+    return int(modules[args.command].run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
