@@ -1,0 +1,84 @@
+{{/* Chart name, truncated to the 63 characters of a DNS label. */}}
+{{- define "skiff.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Fully qualified app name: the release name, unless it does not contain the chart name. */}}
+{{- define "skiff.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "skiff.operatorName" -}}
+{{- printf "%s-operator" (include "skiff.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "skiff.routerName" -}}
+{{- printf "%s-router" (include "skiff.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "skiff.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels on every object; pass a dict with "ctx" (the root) and "component". */}}
+{{- define "skiff.labels" -}}
+helm.sh/chart: {{ include "skiff.chart" .ctx }}
+{{ include "skiff.selectorLabels" . }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: skiff
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+{{- end }}
+
+{{- define "skiff.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "skiff.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+{{- with .component }}
+app.kubernetes.io/component: {{ . }}
+{{- end }}
+{{- end }}
+
+{{- define "skiff.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "skiff.operatorName" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "skiff.routerServiceAccountName" -}}
+{{- include "skiff.routerName" . }}
+{{- end }}
+
+{{/* image reference "repository:tag"; pass a dict with "image" and "ctx". */}}
+{{- define "skiff.image" -}}
+{{- printf "%s:%s" .image.repository (default .ctx.Chart.AppVersion .image.tag) }}
+{{- end }}
+
+{{- define "skiff.routerImage" -}}
+{{- $img := dict "repository" (default .Values.image.repository .Values.router.image.repository) "tag" (default .Values.image.tag .Values.router.image.tag) }}
+{{- include "skiff.image" (dict "image" $img "ctx" .) }}
+{{- end }}
+
+{{/* The namespaces the operator and the router watch; empty list = all namespaces. */}}
+{{- define "skiff.watchNamespaces" -}}
+{{- if .Values.operator.watchNamespaces }}
+{{- toJson .Values.operator.watchNamespaces }}
+{{- else if .Values.rbac.clusterWide }}
+{{- toJson list }}
+{{- else }}
+{{- toJson (list .Release.Namespace) }}
+{{- end }}
+{{- end }}
+
+{{- define "skiff.peeringEnabled" -}}
+{{- if gt (int .Values.operator.replicas) 1 }}true{{- end }}
+{{- end }}
