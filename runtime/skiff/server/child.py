@@ -1,0 +1,26 @@
+"""What every child process of the server does first: logging, signals, and dying with its parent."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+
+
+def setup_child(name: str, log_level: str) -> None:
+    logging.basicConfig(
+        level=log_level.upper(), format=f"%(asctime)s {name} %(levelname)s %(message)s", force=True
+    )
+    # Ctrl-C reaches the whole process group: only the API process decides how to shut down.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = os.getppid()
+
+    def watch_parent() -> None:  # an orphaned worker would hold its memory (and GPU) forever
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch_parent, name="parent-watch", daemon=True).start()

@@ -1,0 +1,158 @@
+"""One HTTP generation request: fan out prompts x n into engine requests, then stream or collect choices."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from skiff.server.engine_client import Delta, EngineClient, Failure
+from skiff.server.errors import ApiError, error_body
+
+
+@dataclass
+class Prompt:
+    kind: str  # "text", "ids" or "chat"
+    value: Any
+    template_kwargs: dict[str, Any] | None = None
+
+
+@dataclass
+class ChoiceState:
+    text: list[str] = field(default_factory=list)
+    logprobs: list[list[Any]] = field(default_factory=list)
+    finish_reason: str | None = None
+    matched_stop: int | str | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class Job:
+    def __init__(self, client: EngineClient, chat: bool, model: str, prompts: list[Prompt],
+                 params: dict[str, Any], n: int, detok: dict[str, Any], request_id: str | None = None) -> None:
+        self.client, self.chat, self.model, self.n = client, chat, model, n
+        prefix = "chatcmpl-" if chat else "cmpl-"
+        self.id = request_id or prefix + uuid.uuid4().hex
+        self.created = int(time.time())
+        self.sink: asyncio.Queue[tuple[int, Delta | Failure]] = asyncio.Queue()
+        self.choices = [ChoiceState() for _ in range(len(prompts) * n)]
+        self.rids: list[str] = []
+        self._open = len(self.choices)
+        rid_base = uuid.uuid4().hex
+        for p_index, prompt in enumerate(prompts):
+            per_choice = []
+            for i in range(n):
+                p = dict(params)
+                if p.get("seed") is not None:
+                    p["seed"] = p["seed"] + i
+                per_choice.append(p)
+            self.rids += client.submit(prompt.kind, prompt.value, per_choice, detok, self.sink,
+                                       p_index * n, rid_base, prompt.template_kwargs)
+
+    def abort(self) -> None:
+        for rid in self.rids:
+            self.client.abort(rid)
+
+    async def events(self) -> AsyncIterator[tuple[int, Delta]]:
+        """(choice index, delta) until every choice has finished; a Failure raises ApiError."""
+        try:
+            while self._open:
+                index, item = await self.sink.get()
+                if isinstance(item, Failure):
+                    raise ApiError(item.status, item.message, code="engine_error" if item.status >= 500 else None)
+                if item.error:
+                    raise ApiError(500, f"generation failed: {item.error}", code="engine_error")
+                c = self.choices[index]
+                c.text.append(item.text)
+                if item.logprobs:
+                    c.logprobs.extend(item.logprobs)
+                c.prompt_tokens, c.cached_tokens = item.prompt_tokens, item.cached_tokens
+                c.completion_tokens = item.completion_tokens
+                if item.finish_reason is not None:
+                    c.finish_reason, c.matched_stop = item.finish_reason, item.matched_stop
+                    self._open -= 1
+                yield index, item
+        finally:
+            if self._open:  # disconnect, failure or cancellation: free what is still running
+                self.abort()
+
+    def usage(self) -> dict[str, Any]:
+        # the prompt is counted once per prompt, not once per choice (as OpenAI does for n > 1)
+        prompt = sum(self.choices[i].prompt_tokens for i in range(0, len(self.choices), self.n))
+        cached = sum(self.choices[i].cached_tokens for i in range(0, len(self.choices), self.n))
+        completion = sum(c.completion_tokens for c in self.choices)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": cached}}
+
+    # --- response bodies -----------------------------------------------------------------------
+    def _logprobs(self, entries: list[list[Any]], offset: int) -> dict[str, Any] | None:
+        if not entries:
+            return None
+        if self.chat:
+            return {"content": [
+                {"token": tok, "logprob": lp, "bytes": list(tok.encode()),
+                 "top_logprobs": [{"token": a, "logprob": v, "bytes": list(a.encode())} for a, v in alts]}
+                for tok, lp, alts in entries
+            ]}
+        offsets, pos = [], offset
+        for tok, _, _ in entries:
+            offsets.append(pos)
+            pos += len(tok)
+        return {"tokens": [e[0] for e in entries], "token_logprobs": [e[1] for e in entries],
+                "top_logprobs": [dict(e[2]) for e in entries], "text_offset": offsets}
+
+    def final_body(self) -> dict[str, Any]:
+        choices = []
+        for i, c in enumerate(self.choices):
+            text = "".join(c.text)
+            choice: dict[str, Any] = {"index": i, "finish_reason": c.finish_reason,
+                                      "logprobs": self._logprobs(c.logprobs, 0), "matched_stop": c.matched_stop}
+            if self.chat:
+                choice["message"] = {"role": "assistant", "content": text}
+            else:
+                choice["text"] = text
+            choices.append(choice)
+        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": choices, "usage": self.usage()}
+
+    async def collect(self) -> dict[str, Any]:
+        async for _ in self.events():
+            pass
+        return self.final_body()
+
+    def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> str:
+        body: dict[str, Any] = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                                "created": self.created, "model": self.model, "choices": choices}
+        if usage is not None:
+            body["usage"] = usage
+        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+    async def stream(self, include_usage: bool) -> AsyncIterator[str]:
+        offsets = [0] * len(self.choices)
+        try:
+            if self.chat:
+                yield self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                    "finish_reason": None} for i in range(len(self.choices))])
+            async for index, d in self.events():
+                if not d.text and not d.logprobs and d.finish_reason is None:
+                    continue
+                choice: dict[str, Any] = {"index": index, "logprobs": self._logprobs(d.logprobs or [], offsets[index]),
+                                          "finish_reason": d.finish_reason}
+                offsets[index] += len(d.text)
+                if d.finish_reason is not None:
+                    choice["matched_stop"] = d.matched_stop
+                if self.chat:
+                    choice["delta"] = {"content": d.text} if d.text else {}
+                else:
+                    choice["text"] = d.text
+                yield self._chunk([choice])
+            if include_usage:
+                yield self._chunk([], self.usage())
+            yield "data: [DONE]\n\n"
+        except ApiError as e:  # the stream has started: report in-band, then end it
+            yield f"data: {json.dumps(error_body(e.status, e.message, e.param, e.code))}\n\n"
