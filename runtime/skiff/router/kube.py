@@ -1,0 +1,160 @@
+"""Kubernetes discovery: InferenceServices, their EndpointSlices, and API-key Secrets.
+
+The translation from API objects to `PoolSpec`s and `ApiKey`s is pure (tested with plain dicts); the
+source around it lists the objects every `interval` seconds through the official client in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+from dataclasses import dataclass
+
+from skiff.router.keys import ApiKey, KeyStore
+from skiff.router.registry import PoolSpec, Registry
+
+log = logging.getLogger("skiff.router")
+
+GROUP, VERSION, PLURAL = "skiff.dev", "v1alpha1", "inferenceservices"
+ISVC_LABEL = "skiff.dev/inferenceservice"
+KEY_LABEL = "skiff.dev/api-key"
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+
+
+def served_models(isvc: dict) -> tuple[str, ...]:
+    spec = isvc.get("spec") or {}
+    model = spec.get("model") or {}
+    name = model.get("servedName") or isvc["metadata"]["name"]
+    return (name,)
+
+
+def slice_addresses(endpoint_slice: dict) -> list[str]:
+    """Ready "ip:port" pairs of one EndpointSlice (port named `http`, else the first one)."""
+    ports = endpoint_slice.get("ports") or []
+    port = next((p.get("port") for p in ports if p.get("name") == "http"), None)
+    if port is None and ports:
+        port = ports[0].get("port")
+    if port is None:
+        return []
+    out = []
+    for ep in endpoint_slice.get("endpoints") or []:
+        conditions = ep.get("conditions") or {}
+        if conditions.get("ready") is False or conditions.get("terminating") is True:
+            continue
+        for ip in ep.get("addresses") or []:
+            out.append(f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}")
+    return out
+
+
+def pools_from_objects(isvcs: list[dict], slices: list[dict]) -> list[PoolSpec]:
+    by_owner: dict[tuple[str, str], list[str]] = {}
+    for s in slices:
+        meta = s.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        owner = labels.get(ISVC_LABEL)
+        if owner:
+            by_owner.setdefault((meta.get("namespace", "default"), owner), []).extend(slice_addresses(s))
+    specs = []
+    for isvc in isvcs:
+        meta, spec = isvc["metadata"], isvc.get("spec") or {}
+        namespace, name = meta.get("namespace", "default"), meta["name"]
+        routing = spec.get("routing") or {}
+        key_ref = spec.get("apiKeySecretRef") or {}
+        specs.append(PoolSpec(
+            name=name,
+            namespace=namespace,
+            models=served_models(isvc),
+            addresses=tuple(dict.fromkeys(by_owner.get((namespace, name), []))),
+            strategy=routing.get("strategy", "prefixHash"),
+            prefix_chars=int(routing.get("prefixChars", 256)),
+            replicas=spec.get("replicas"),
+            key_secret=key_ref.get("name") if isinstance(key_ref, dict) else key_ref or None,
+        ))
+    return specs
+
+
+def key_from_secret(secret: dict) -> ApiKey:
+    data = secret.get("data") or {}
+    fields = {k: base64.b64decode(v).decode() for k, v in data.items()}
+    fields |= secret.get("stringData") or {}
+    if KEY_LABEL not in (secret["metadata"].get("labels") or {}):
+        fields.setdefault("models", "")  # only referenced by an InferenceService: only its models
+    return ApiKey.from_fields(secret["metadata"]["name"], fields)
+
+
+def keys_from_secrets(secrets: list[dict]) -> list[ApiKey]:
+    keys = []
+    for s in secrets:
+        try:
+            keys.append(key_from_secret(s))
+        except (ValueError, UnicodeDecodeError) as e:
+            log.warning("ignoring api-key Secret %s: %s", s["metadata"]["name"], e)
+    return keys
+
+
+@dataclass
+class KubeSource:
+    """Lists InferenceServices and EndpointSlices (in `namespace`, or all namespaces when None) and the
+    api-key Secrets (labelled `skiff.dev/api-key`, plus every Secret an InferenceService references)."""
+
+    namespace: str | None = None
+    interval: float = 2.0
+
+    def __post_init__(self) -> None:
+        from kubernetes import client, config
+
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        self._api = client.ApiClient()
+        self._custom = client.CustomObjectsApi(self._api)
+        self._core = client.CoreV1Api(self._api)
+        self._discovery = client.DiscoveryV1Api(self._api)
+
+    def _list(self) -> tuple[list[dict], list[dict], list[dict]]:
+        ser = self._api.sanitize_for_serialization
+        if self.namespace:
+            isvcs = self._custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL)["items"]
+            slices = self._discovery.list_namespaced_endpoint_slice(self.namespace, label_selector=ISVC_LABEL)
+            secrets = self._core.list_namespaced_secret(self.namespace, label_selector=KEY_LABEL)
+        else:
+            isvcs = self._custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
+            slices = self._discovery.list_endpoint_slice_for_all_namespaces(label_selector=ISVC_LABEL)
+            secrets = self._core.list_secret_for_all_namespaces(label_selector=KEY_LABEL)
+        secret_dicts = [ser(s) for s in secrets.items]
+        have = {(s["metadata"].get("namespace"), s["metadata"]["name"]) for s in secret_dicts}
+        for isvc in isvcs:
+            ref = (isvc.get("spec") or {}).get("apiKeySecretRef") or {}
+            name = ref.get("name") if isinstance(ref, dict) else ref
+            ns = isvc["metadata"].get("namespace", "default")
+            if name and (ns, name) not in have:
+                try:
+                    secret_dicts.append(ser(self._core.read_namespaced_secret(name, ns)))
+                    have.add((ns, name))
+                except Exception as e:  # a missing Secret leaves the model key-only with no valid key
+                    log.warning("apiKeySecretRef %s/%s unreadable: %s", ns, name, e)
+        return isvcs, [ser(s) for s in slices.items], secret_dicts
+
+    async def refresh(self, registry: Registry, keys: KeyStore) -> None:
+        isvcs, slices, secrets = await asyncio.to_thread(self._list)
+        registry.update(pools_from_objects(isvcs, slices))
+        keys.set_keys(keys_from_secrets(secrets))
+
+    async def scale_from_zero(self, spec: PoolSpec) -> bool:
+        """Set replicas 0 -> 1 through the scale subresource (the autoscaler takes it from there)."""
+
+        def patch() -> bool:
+            scale = self._custom.get_namespaced_custom_object_scale(GROUP, VERSION, spec.namespace, PLURAL, spec.name)
+            if (scale.get("spec") or {}).get("replicas", 0) > 0:
+                return False
+            self._custom.patch_namespaced_custom_object_scale(
+                GROUP, VERSION, spec.namespace, PLURAL, spec.name, {"spec": {"replicas": 1}})
+            return True
+
+        try:
+            return await asyncio.to_thread(patch)
+        except Exception as e:
+            log.warning("scale from zero of %s/%s failed: %s", spec.namespace, spec.name, e)
+            return False

@@ -1,0 +1,140 @@
+"""Sending one request upstream: endpoint choice, retries before the first byte, SSE relay with usage capture.
+
+Invariant: a request moves to another endpoint only while no byte of any backend's response has reached
+the client. A connection failure or a 503 from a draining pod is retried elsewhere; anything after the
+response headers arrived is final.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import httpx
+
+from skiff.router.balance import Endpoint
+from skiff.router.registry import Pool
+
+RETRY_STATUSES = {502, 503}
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reported: bool = False  # False: counted from streamed chunks, prompt unknown
+
+    @property
+    def total(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def take(self, usage: object) -> None:
+        if isinstance(usage, dict):
+            self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+            self.completion_tokens = int(usage.get("completion_tokens") or 0)
+            self.reported = True
+
+
+@dataclass
+class Upstream:
+    """An open backend response (headers received, body not yet read) and the endpoint it holds."""
+
+    response: httpx.Response
+    endpoint: Endpoint
+    attempts: int
+    usage: Usage = field(default_factory=Usage)
+
+
+class NoEndpoint(Exception):
+    """Every endpoint tried failed before answering (or none were left)."""
+
+    def __init__(self, tried: list[str], last_error: str):
+        super().__init__(f"no backend answered (tried {', '.join(tried) or 'none'}): {last_error}")
+        self.tried = tried
+
+
+async def open_upstream(client: httpx.AsyncClient, pool: Pool, path: str, body: dict, routing_key: str,
+                        max_attempts: int, on_retry=None) -> Upstream:
+    """Pick an endpoint and send; on connection failure (or 502/503 before any byte) eject it and retry."""
+    tried: list[str] = []
+    last_error = "no ready endpoint"
+    for attempt in range(1, max_attempts + 1):
+        endpoint = pool.pick(routing_key, set(tried))
+        if endpoint is None:
+            break
+        tried.append(endpoint.address)
+        endpoint.inflight += 1
+        try:
+            request = client.build_request("POST", endpoint.url + path, json=body)
+            response = await client.send(request, stream=True)
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError) as e:
+            endpoint.inflight -= 1
+            pool.eject(endpoint.address)
+            last_error = f"{endpoint.address}: {type(e).__name__}"
+        except BaseException:
+            endpoint.inflight -= 1
+            raise
+        else:
+            if response.status_code in RETRY_STATUSES and attempt < max_attempts and len(pool.endpoints) > 1:
+                await response.aclose()
+                endpoint.inflight -= 1
+                pool.eject(endpoint.address)
+                last_error = f"{endpoint.address}: HTTP {response.status_code}"
+            else:
+                endpoint.routed += 1
+                return Upstream(response, endpoint, attempt)
+        if on_retry is not None:
+            on_retry()
+    raise NoEndpoint(tried, last_error)
+
+
+async def relay_sse(up: Upstream, strip_usage_chunk: bool) -> AsyncIterator[bytes]:
+    """Forward SSE events as they arrive (one event at a time, never the whole stream), noting usage.
+
+    When the router itself asked for `include_usage`, the usage-only chunk is noted and not forwarded.
+    """
+    buffer = b""
+    try:
+        async for chunk in up.response.aiter_raw():
+            buffer += chunk
+            while True:
+                cut = _event_end(buffer)
+                if cut < 0:
+                    break
+                event, buffer = buffer[:cut], buffer[cut:]
+                if _note_usage(event, up.usage) and strip_usage_chunk:
+                    continue
+                yield event
+        if buffer:
+            yield buffer
+    finally:
+        await up.response.aclose()
+
+
+def _event_end(buffer: bytes) -> int:
+    """Index just past the first complete SSE event (blank-line terminated), or -1."""
+    cuts = [i + len(sep) for sep in (b"\n\n", b"\r\n\r\n") if (i := buffer.find(sep)) >= 0]
+    return min(cuts) if cuts else -1
+
+
+def _note_usage(event: bytes, usage: Usage) -> bool:
+    """Record usage from one `data:` event; True when the event carries only usage (no choices)."""
+    for line in event.splitlines():
+        if not line.startswith(b"data:"):
+            continue
+        payload = line[5:].strip()
+        if not payload or payload == b"[DONE]":
+            return False
+        try:
+            data = json.loads(payload)
+        except ValueError:
+            return False
+        if not isinstance(data, dict):
+            return False
+        if data.get("usage"):
+            usage.take(data["usage"])
+            return not data.get("choices")
+        if not usage.reported and data.get("choices"):
+            usage.completion_tokens += 1  # one streamed chunk ~ one token when the backend sends no usage
+    return False

@@ -1,0 +1,93 @@
+"""A small OpenAI-shaped backend over real HTTP, and helpers to run ASGI apps on 127.0.0.1 in threads.
+
+The fake backend answers with its own name so tests can see where a request went; the integration tests
+in test_router_serve.py use real `skiff serve` processes instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+
+class ServerThread:
+    def __init__(self, app, port: int = 0) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", port))
+        self.port = self.sock.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("server did not start")
+            time.sleep(0.01)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.sock.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def fake_backend(name: str, chunk_delay: float = 0.0, die_after_chunks: int | None = None) -> FastAPI:
+    """Completions echo `<name>:<prompt>`; usage counts prompt words and max_tokens; streams emit max_tokens
+    chunks `chunk_delay` apart (and stop dead after `die_after_chunks`, to play a crash)."""
+    app = FastAPI()
+    app.state.requests = []
+
+    def usage(prompt: str, n: int) -> dict:
+        p = len(prompt.split())
+        return {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
+
+    @app.post("/v1/completions")
+    @app.post("/v1/chat/completions")
+    async def complete(request: Request):
+        body = await request.json()
+        app.state.requests.append(body)
+        chat = "messages" in body
+        prompt = body["messages"][-1]["content"] if chat else body.get("prompt", "")
+        n = int(body.get("max_tokens") or 4)
+        if not body.get("stream"):
+            choice = ({"index": 0, "message": {"role": "assistant", "content": f"{name}:{prompt}"},
+                       "finish_reason": "length"} if chat else
+                      {"index": 0, "text": f"{name}:{prompt}", "finish_reason": "length"})
+            return JSONResponse({"id": "x", "object": "chat.completion" if chat else "text_completion",
+                                 "created": 0, "model": body["model"], "choices": [choice],
+                                 "usage": usage(prompt, n)})
+
+        async def events():
+            for i in range(n):
+                if die_after_chunks is not None and i >= die_after_chunks:
+                    raise RuntimeError("backend crashed")
+                await asyncio.sleep(chunk_delay)
+                choice = ({"index": 0, "delta": {"content": f"{name}{i} "}, "finish_reason": None} if chat else
+                          {"index": 0, "text": f"{name}{i} ", "finish_reason": None})
+                chunk = {"id": "x", "object": "chat.completion.chunk" if chat else "text_completion",
+                         "created": 0, "model": body["model"], "choices": [choice]}
+                yield f"data: {json.dumps(chunk)}\n\n"
+            if (body.get("stream_options") or {}).get("include_usage"):
+                yield f"data: {json.dumps({'id': 'x', 'choices': [], 'usage': usage(prompt, n)})}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return app
