@@ -1,0 +1,340 @@
+"""The pure reconcile function: an InferenceService (+ operator settings) -> its desired child objects."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .model_source import ModelVolume, model_volume
+from .spec import GROUP, KIND, VERSION, InferenceServiceSpec, parse_spec
+
+PORT = 8000
+LABEL_ISVC = f"{GROUP}/inferenceservice"
+LABEL_ROLE = f"{GROUP}/role"
+LABEL_HASH = f"{GROUP}/template-hash"
+FIELD_MANAGER = "skiff-operator"
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    default_image: str = "ghcr.io/skiff-project/skiff:0.1.0"
+    cluster_domain: str = "cluster.local"
+    pdb_api_version: str = "policy/v1"  # policy/v1beta1 on clusters older than 1.21
+
+
+def selector_labels(name: str) -> dict[str, str]:
+    return {LABEL_ISVC: name, LABEL_ROLE: "main"}
+
+
+def common_labels(name: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "skiff",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/component": "server",
+        "app.kubernetes.io/part-of": "skiff",
+        "app.kubernetes.io/managed-by": FIELD_MANAGER,
+        **selector_labels(name),
+    }
+
+
+def selector_string(name: str) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(name).items()))
+
+
+def served_name(isvc: dict[str, Any], spec: InferenceServiceSpec | None = None) -> str:
+    spec = spec or parse_spec(isvc.get("spec"))
+    return spec.model.served_name or isvc["metadata"]["name"]
+
+
+def service_url(isvc: dict[str, Any], settings: OperatorSettings, spec: InferenceServiceSpec) -> str:
+    meta = isvc["metadata"]
+    port = "" if spec.service.port == 80 else f":{spec.service.port}"
+    return f"http://{meta['name']}.{meta['namespace']}.svc.{settings.cluster_domain}{port}/v1"
+
+
+def owner_reference(isvc: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "name": isvc["metadata"]["name"],
+        "uid": isvc["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(isvc: dict[str, Any], name: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": isvc["metadata"]["namespace"],
+        "labels": common_labels(isvc["metadata"]["name"]),
+        "ownerReferences": [owner_reference(isvc)],
+    }
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    return meta
+
+
+def gpu_count(spec: InferenceServiceSpec) -> int:
+    return spec.runtime.tensor_parallel if spec.resources.gpus is None else spec.resources.gpus
+
+
+def serve_command(isvc: dict[str, Any], spec: InferenceServiceSpec, model_path: str | None) -> list[str]:
+    """`skiff serve ...` exactly as the pod runs it (the runtime's CLI contract)."""
+    rt = spec.runtime
+    cmd = ["skiff", "serve"]
+    if model_path:
+        cmd += ["--model", model_path]
+    cmd += ["--served-model-name", served_name(isvc, spec), "--tp", str(rt.tensor_parallel)]
+    cmd += ["--host", "0.0.0.0", "--port", str(PORT), "--dtype", rt.dtype]
+    optional: list[tuple[str, object]] = [
+        ("--max-running-requests", rt.max_running_requests),
+        ("--chunked-prefill-size", rt.chunked_prefill_size),
+        ("--page-size", rt.page_size),
+        ("--mem-fraction", rt.mem_fraction),
+        ("--cuda-graph-max-bs", rt.cuda_graph_max_batch),
+        ("--context-length", spec.model.context_length),
+    ]
+    if rt.attention_backend != "auto":
+        optional.append(("--attention-backend", rt.attention_backend))
+    for flag, value in optional:
+        if value is not None:
+            cmd += [flag, str(value)]
+    return cmd + list(rt.extra_args)
+
+
+SECURITY_CONTEXT: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+# Read-only root: HOME and caches (tokenizer conversion, Triton, hub) live on the /tmp emptyDir.
+BASE_ENV = [
+    {"name": "HOME", "value": "/tmp"},
+    {"name": "XDG_CACHE_HOME", "value": "/tmp/.cache"},
+    {"name": "HF_HOME", "value": "/tmp/.cache/huggingface"},
+    {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"},
+]
+
+
+def _probe(path: str, period: int, timeout: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": timeout,
+        "failureThreshold": failures,
+    }
+
+
+def _resources(spec: InferenceServiceSpec) -> dict[str, Any]:
+    requests: dict[str, Any] = {}
+    limits: dict[str, Any] = {}
+    if spec.resources.cpu is not None:
+        requests["cpu"] = str(spec.resources.cpu)
+    if spec.resources.memory is not None:
+        requests["memory"] = limits["memory"] = str(spec.resources.memory)
+    gpus = gpu_count(spec)
+    if gpus:
+        requests[spec.resources.gpu_resource_name] = limits[spec.resources.gpu_resource_name] = str(gpus)
+    return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
+
+
+def _server_container(isvc: dict[str, Any], spec: InferenceServiceSpec, image: str, mv: ModelVolume) -> dict:
+    env = list(BASE_ENV)
+    if spec.api_key_secret_ref:
+        ref = spec.api_key_secret_ref
+        env.append({"name": "SKIFF_API_KEY", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    env += [dict(e) for e in spec.runtime.env]
+    startup_failures = max(1, spec.runtime.startup_timeout_seconds // 10)
+    return {
+        "name": "server",
+        "image": image,
+        "command": serve_command(isvc, spec, mv.model_path),
+        "env": env,
+        "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
+        "startupProbe": _probe("/health_generate", 10, 30, startup_failures),
+        "readinessProbe": _probe("/health_generate", 10, 30, 3),
+        "livenessProbe": _probe("/health", 15, 10, 4),
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(spec.rollout.pre_stop_sleep_seconds)]}}},
+        "resources": _resources(spec),
+        "securityContext": SECURITY_CONTEXT,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": [
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "tmp", "mountPath": "/tmp"},
+            *mv.mounts,
+        ],
+    }
+
+
+def _init_containers(spec: InferenceServiceSpec, image: str, mv: ModelVolume) -> list[dict[str, Any]]:
+    if mv.download_command is None:
+        return []
+    env = list(BASE_ENV)
+    if spec.model.token_secret_ref:
+        ref = spec.model.token_secret_ref
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    return [
+        {
+            "name": "model-download",
+            "image": image,
+            "command": mv.download_command,
+            "env": env,
+            "securityContext": SECURITY_CONTEXT,
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+            "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *mv.init_mounts],
+        }
+    ]
+
+
+def pod_template(isvc: dict[str, Any], spec: InferenceServiceSpec, settings: OperatorSettings) -> dict[str, Any]:
+    name = isvc["metadata"]["name"]
+    image = spec.runtime.image or settings.default_image
+    mv = model_volume(name, spec)
+    sched = spec.scheduling
+    tolerations = [dict(t) for t in sched.tolerations]
+    if gpu_count(spec) and not tolerations:
+        tolerations = [{"key": spec.resources.gpu_resource_name, "operator": "Exists", "effect": "NoSchedule"}]
+    pod: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": spec.rollout.termination_grace_period_seconds,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 1000,
+            "runAsGroup": 1000,
+            "fsGroup": 1000,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "initContainers": _init_containers(spec, image, mv),
+        "containers": [_server_container(isvc, spec, image, mv)],
+        "volumes": [
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": str(spec.resources.shm_size)}},
+            {"name": "tmp", "emptyDir": {}},
+            *mv.volumes,
+        ],
+    }
+    if not pod["initContainers"]:
+        del pod["initContainers"]
+    optional = {
+        "nodeSelector": dict(sched.node_selector) or None,
+        "tolerations": tolerations or None,
+        "affinity": copy.deepcopy(sched.affinity),
+        "priorityClassName": sched.priority_class_name,
+        "runtimeClassName": sched.runtime_class_name,
+    }
+    pod.update({k: v for k, v in optional.items() if v})
+    return {"metadata": {"labels": common_labels(name)}, "spec": pod}
+
+
+def template_hash(template: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def deployment(isvc: dict[str, Any], spec: InferenceServiceSpec, settings: OperatorSettings) -> dict[str, Any]:
+    name = isvc["metadata"]["name"]
+    template = pod_template(isvc, spec, settings)
+    digest = template_hash(template)
+    template["metadata"]["labels"][LABEL_HASH] = digest
+    dep_spec: dict[str, Any] = {
+        "selector": {"matchLabels": selector_labels(name)},
+        "strategy": {
+            "type": "RollingUpdate",
+            "rollingUpdate": {"maxSurge": spec.rollout.max_surge, "maxUnavailable": spec.rollout.max_unavailable},
+        },
+        "revisionHistoryLimit": 3,
+        "progressDeadlineSeconds": spec.runtime.startup_timeout_seconds + 600,
+        "template": template,
+    }
+    if spec.autoscaling is None:  # with an autoscaler, replicas belong to it (omitted from our apply)
+        dep_spec = {"replicas": spec.replicas, **dep_spec}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(isvc, name, {LABEL_HASH: digest}),
+        "spec": dep_spec,
+    }
+
+
+def services(isvc: dict[str, Any], spec: InferenceServiceSpec) -> list[dict[str, Any]]:
+    name = isvc["metadata"]["name"]
+    main = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(isvc, name, spec.service.annotations),
+        "spec": {
+            "type": spec.service.type,
+            "selector": selector_labels(name),
+            "ports": [{"name": "http", "port": spec.service.port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+    headless = {  # endpoint discovery for the router: one DNS record per ready pod
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(isvc, f"{name}-pods"),
+        "spec": {
+            "clusterIP": "None",
+            "selector": selector_labels(name),
+            "ports": [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+    return [main, headless]
+
+
+def disruption_budget(isvc: dict[str, Any], spec: InferenceServiceSpec, settings: OperatorSettings) -> dict | None:
+    d = spec.disruption
+    if not d.enabled:
+        return None
+    budget = {"minAvailable": d.min_available} if d.min_available is not None else {
+        "maxUnavailable": 1 if d.max_unavailable is None else d.max_unavailable
+    }
+    name = isvc["metadata"]["name"]
+    return {
+        "apiVersion": settings.pdb_api_version,
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(isvc, name),
+        "spec": {"selector": {"matchLabels": selector_labels(name)}, **budget},
+    }
+
+
+def cache_claim(isvc: dict[str, Any], spec: InferenceServiceSpec) -> dict[str, Any] | None:
+    cache = spec.model_cache
+    if cache is None or cache.size is None:
+        return None
+    claim: dict[str, Any] = {"accessModes": [cache.access_mode], "resources": {"requests": {"storage": str(cache.size)}}}
+    if cache.storage_class:
+        claim["storageClassName"] = cache.storage_class
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _metadata(isvc, f"{isvc['metadata']['name']}-model-cache"),
+        "spec": claim,
+    }
+
+
+def autoscaler_hook() -> Any:
+    """`skiff_operator.autoscaling.render.autoscaler_objects`, when the autoscaling package provides it."""
+    try:
+        module = importlib.import_module("skiff_operator.autoscaling.render")
+    except ModuleNotFoundError as e:
+        if e.name not in ("skiff_operator.autoscaling", "skiff_operator.autoscaling.render"):
+            raise
+        return None
+    return getattr(module, "autoscaler_objects", None)
+
+
+def desired_children(isvc: dict[str, Any], settings: OperatorSettings | None = None) -> list[dict[str, Any]]:
+    """Every object the InferenceService should own, in apply order. Raises pydantic.ValidationError."""
+    settings = settings or OperatorSettings()
+    spec = parse_spec(isvc.get("spec"))
+    children = [cache_claim(isvc, spec), deployment(isvc, spec, settings), *services(isvc, spec)]
+    children.append(disruption_budget(isvc, spec, settings))
+    hook = autoscaler_hook()
+    if hook is not None:
+        children += hook(isvc)
+    return [c for c in children if c is not None]
