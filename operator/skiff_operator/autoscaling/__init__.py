@@ -1,0 +1,1 @@
+"""Autoscaling: the pure decision function, metric scraping, the kopf timer, and HPA/KEDA rendering."""
