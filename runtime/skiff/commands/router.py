@@ -12,7 +12,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src = parser.add_mutually_exclusive_group()
     src.add_argument("--static", metavar="FILE",
                      help="YAML/JSON file listing services, endpoints and api keys (re-read when it changes)")
-    src.add_argument("--namespace", help="watch only this namespace (default: all namespaces)")
+    src.add_argument("--namespace", action="append", default=None,
+                     help="watch this namespace (repeatable; default: all namespaces)")
     parser.add_argument("--refresh-interval", type=float, default=2.0, help="seconds between discovery refreshes")
     parser.add_argument("--hold-cap", type=int, default=64,
                         help="requests held per model while it has no ready replica; more get 503")
@@ -40,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         from skiff.router.kube import KubeSource
 
-        source = KubeSource(namespace=args.namespace, interval=args.refresh_interval)
+        source = KubeSource(namespaces=tuple(args.namespace or ()), interval=args.refresh_interval)
     for name in ("hold_cap", "max_attempts"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 1")

@@ -95,10 +95,10 @@ def keys_from_secrets(secrets: list[dict]) -> list[ApiKey]:
 
 @dataclass
 class KubeSource:
-    """Lists InferenceServices and EndpointSlices (in `namespace`, or all namespaces when None) and the
+    """Lists InferenceServices and EndpointSlices (in `namespaces`, or all namespaces when empty) and the
     api-key Secrets (labelled `skiff.dev/api-key`, plus every Secret an InferenceService references)."""
 
-    namespace: str | None = None
+    namespaces: tuple[str, ...] = ()
     interval: float = 2.0
 
     def __post_init__(self) -> None:
@@ -115,15 +115,19 @@ class KubeSource:
 
     def _list(self) -> tuple[list[dict], list[dict], list[dict]]:
         ser = self._api.sanitize_for_serialization
-        if self.namespace:
-            isvcs = self._custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL)["items"]
-            slices = self._discovery.list_namespaced_endpoint_slice(self.namespace, label_selector=ISVC_LABEL)
-            secrets = self._core.list_namespaced_secret(self.namespace, label_selector=KEY_LABEL)
+        isvcs: list[dict] = []
+        slices: list = []
+        secrets: list = []
+        if self.namespaces:
+            for ns in self.namespaces:
+                isvcs += self._custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]
+                slices += self._discovery.list_namespaced_endpoint_slice(ns, label_selector=ISVC_LABEL).items
+                secrets += self._core.list_namespaced_secret(ns, label_selector=KEY_LABEL).items
         else:
             isvcs = self._custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
-            slices = self._discovery.list_endpoint_slice_for_all_namespaces(label_selector=ISVC_LABEL)
-            secrets = self._core.list_secret_for_all_namespaces(label_selector=KEY_LABEL)
-        secret_dicts = [ser(s) for s in secrets.items]
+            slices = self._discovery.list_endpoint_slice_for_all_namespaces(label_selector=ISVC_LABEL).items
+            secrets = self._core.list_secret_for_all_namespaces(label_selector=KEY_LABEL).items
+        secret_dicts = [ser(s) for s in secrets]
         have = {(s["metadata"].get("namespace"), s["metadata"]["name"]) for s in secret_dicts}
         for isvc in isvcs:
             ref = (isvc.get("spec") or {}).get("apiKeySecretRef") or {}
@@ -135,7 +139,7 @@ class KubeSource:
                     have.add((ns, name))
                 except Exception as e:  # a missing Secret leaves the model key-only with no valid key
                     log.warning("apiKeySecretRef %s/%s unreadable: %s", ns, name, e)
-        return isvcs, [ser(s) for s in slices.items], secret_dicts
+        return isvcs, [ser(s) for s in slices], secret_dicts
 
     async def refresh(self, registry: Registry, keys: KeyStore) -> None:
         isvcs, slices, secrets = await asyncio.to_thread(self._list)
