@@ -1,0 +1,173 @@
+"""Thin kopf handlers: reconcile an InferenceService (render -> server-side apply -> prune -> status) and
+recompute its status whenever its Deployment or Pods change.
+
+For other areas: `ISVC` is the resource selector to register more handlers on (the autoscaling package's
+`skiff_operator/autoscaling/handlers.py` is imported at the end of this module when it exists), `STATE`
+holds the API connection and settings, `sync_status(ns, name)` and `reconcile(ns, name)` are safe to call
+from any handler."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import importlib
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
+
+from . import render
+from .kube import Cluster, load_config
+from .render import LABEL_ISVC, OperatorSettings
+from .spec import GROUP, PLURAL, VERSION, parse_spec
+from .status import Observed, compute_status, status_changed
+from .validation import validate_spec
+
+ISVC = (GROUP, VERSION, PLURAL)
+log = logging.getLogger("skiff_operator")
+
+
+@dataclass
+class State:
+    settings: OperatorSettings = field(default_factory=OperatorSettings)
+    resync_seconds: float = 60.0
+    cluster: Cluster | None = None
+    errors: dict[tuple[str, str], str] = field(default_factory=dict)  # last reconcile failure per object
+    _locks: dict[tuple[str, str], threading.Lock] = field(default_factory=dict)
+    _guard: threading.Lock = field(default_factory=threading.Lock)
+
+    def lock(self, key: tuple[str, str]) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(key, threading.Lock())
+
+    def api(self) -> Cluster:
+        if self.cluster is None:
+            load_config()
+            self.cluster = Cluster()
+        return self.cluster
+
+
+STATE = State()
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _backoff(retry: int) -> float:
+    return float(min(300, 2 * 2 ** min(retry, 8)))
+
+
+def sync_status(namespace: str, name: str) -> dict[str, Any] | None:
+    """Recompute and write the status of one InferenceService from what the API shows now."""
+    cluster = STATE.api()
+    with STATE.lock((namespace, name)):
+        isvc = cluster.get_isvc(namespace, name)
+        if isvc is None or isvc["metadata"].get("deletionTimestamp"):
+            return None
+        error = STATE.errors.get((namespace, name))
+        try:
+            desired = render.deployment(isvc, parse_spec(isvc.get("spec")), STATE.settings)
+            desired_hash = desired["metadata"]["annotations"][render.LABEL_HASH]
+        except (ValidationError, ValueError):
+            desired_hash = ""
+        dep, pods = cluster.observe(namespace, name)
+        new, events = compute_status(isvc, Observed(dep, pods, desired_hash, error), _now(), STATE.settings)
+        if status_changed(isvc.get("status"), new):
+            cluster.write_status(namespace, name, new)
+        for ev in events:
+            kopf.event(isvc, type=ev.type, reason=ev.reason, message=ev.message[:1000])
+        return new
+
+
+def reconcile(namespace: str, name: str, retry: int = 0) -> None:
+    """Bring the children of one InferenceService to the desired state, then write its status."""
+    cluster = STATE.api()
+    isvc = cluster.get_isvc(namespace, name)
+    if isvc is None or isvc["metadata"].get("deletionTimestamp"):
+        return  # deletion is garbage collection's job: every child has a controller owner reference
+    key = (namespace, name)
+    problems = validate_spec(isvc.get("spec"))
+    if problems:
+        STATE.errors[key] = "invalid spec: " + "; ".join(problems)
+        sync_status(namespace, name)
+        raise kopf.PermanentError(STATE.errors[key])  # retried when the spec changes
+    children = render.desired_children(isvc, STATE.settings)
+    try:
+        for child in children:
+            cluster.apply(child)
+        keep = {(c["kind"], c["metadata"]["name"]) for c in children}
+        removed = cluster.prune(namespace, name, isvc["metadata"]["uid"], keep)
+    except (ApiException, LookupError) as e:
+        reason = getattr(e, "reason", None) or str(e)
+        body = getattr(e, "body", None)
+        STATE.errors[key] = f"applying children failed: {reason} {body or ''}".strip()[:800]
+        sync_status(namespace, name)
+        raise kopf.TemporaryError(STATE.errors[key], delay=_backoff(retry)) from e
+    STATE.errors.pop(key, None)
+    if removed:
+        log.info("%s/%s: removed %s", namespace, name, ", ".join(removed))
+    sync_status(namespace, name)
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    cluster = STATE.api()
+    if not cluster.serves("policy/v1", "PodDisruptionBudget"):  # Kubernetes < 1.21
+        STATE.settings = OperatorSettings(**{**STATE.settings.__dict__, "pdb_api_version": "policy/v1beta1"})
+    # Handler progress in annotations, never in status: status is the public API (conditions).
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration"
+    )
+    settings.posting.level = logging.WARNING  # our own events describe transitions; kopf posts failures
+    settings.execution.max_workers = 8
+
+
+@kopf.on.create(*ISVC)
+@kopf.on.update(*ISVC)
+@kopf.on.resume(*ISVC)
+def on_isvc(namespace: str, name: str, retry: int, **_: Any) -> None:
+    reconcile(namespace, name, retry)
+
+
+@kopf.timer(*ISVC, interval=60.0, initial_delay=60.0)
+def resync(namespace: str, name: str, **_: Any) -> None:
+    """Drift correction: re-apply (a no-op when nothing changed) so deleted or edited children come back."""
+    with contextlib.suppress(kopf.PermanentError):
+        reconcile(namespace, name)
+
+
+def _owner(labels: Mapping[str, str]) -> str | None:
+    return labels.get(LABEL_ISVC)
+
+
+@kopf.on.event("apps", "v1", "deployments", labels={LABEL_ISVC: kopf.PRESENT})
+@kopf.on.event("v1", "services", labels={LABEL_ISVC: kopf.PRESENT})
+@kopf.on.event("v1", "pods", labels={LABEL_ISVC: kopf.PRESENT})
+def on_child(event: Mapping[str, Any], body: Mapping[str, Any], namespace: str, labels: Mapping[str, str],
+             **_: Any) -> None:
+    owner = _owner(labels)
+    if owner is None:
+        return
+    if event.get("type") == "DELETED" and body.get("kind") in ("Deployment", "Service"):
+        with contextlib.suppress(kopf.PermanentError, kopf.TemporaryError):
+            reconcile(namespace, owner)  # someone removed a child: put it back (no-op if the owner is gone)
+        return
+    sync_status(namespace, owner)
+
+
+def _load_extensions() -> None:
+    try:
+        importlib.import_module("skiff_operator.autoscaling.handlers")
+    except ModuleNotFoundError as e:
+        if e.name not in ("skiff_operator.autoscaling", "skiff_operator.autoscaling.handlers"):
+            raise
+
+
+_load_extensions()

@@ -1,0 +1,52 @@
+"""`skiff-operator`: runs the kopf operator for InferenceService (skiff.dev/v1alpha1)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+
+import kopf
+
+from . import handlers
+from .render import OperatorSettings
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="skiff-operator", description=__doc__)
+    parser.add_argument("-n", "--namespace", action="append", default=[],
+                        help="namespace to watch (repeatable; glob patterns allowed); default: all namespaces")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--health-port", type=int, default=8080,
+                        help="liveness endpoint http://0.0.0.0:PORT/healthz (0 disables)")
+    parser.add_argument("--peering", default="skiff-operator",
+                        help="kopf peering object name shared by operator replicas (needs the kopf.dev CRDs)")
+    parser.add_argument("--standalone", action="store_true", help="run without peering (a single replica)")
+    parser.add_argument("--priority", type=int, default=0, help="peering priority; the highest one runs")
+    parser.add_argument("--default-image", default=OperatorSettings.default_image,
+                        help="runtime image for InferenceServices that set no runtime.image")
+    parser.add_argument("--cluster-domain", default=OperatorSettings.cluster_domain)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    kopf.configure(verbose=args.log_level == "debug")
+    handlers.STATE.settings = dataclasses.replace(
+        handlers.STATE.settings, default_image=args.default_image, cluster_domain=args.cluster_domain
+    )
+    kopf.run(
+        clusterwide=not args.namespace,
+        namespaces=args.namespace,
+        standalone=args.standalone,
+        peering_name=args.peering,
+        priority=args.priority,
+        liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
