@@ -48,7 +48,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def fake_backend(name: str, chunk_delay: float = 0.0, die_after_chunks: int | None = None) -> FastAPI:
+def fake_backend(name: str, chunk_delay: float = 0.0, die_after_chunks: int | None = None,
+                 api_key: str | None = None) -> FastAPI:
     """Completions echo `<name>:<prompt>`; usage counts prompt words and max_tokens; streams emit max_tokens
     chunks `chunk_delay` apart (and stop dead after `die_after_chunks`, to play a crash)."""
     app = FastAPI()
@@ -61,6 +62,8 @@ def fake_backend(name: str, chunk_delay: float = 0.0, die_after_chunks: int | No
     @app.post("/v1/completions")
     @app.post("/v1/chat/completions")
     async def complete(request: Request):
+        if api_key and request.headers.get("authorization") != f"Bearer {api_key}":
+            return JSONResponse({"error": {"message": "bad key", "code": "invalid_api_key"}}, status_code=401)
         body = await request.json()
         app.state.requests.append(body)
         chat = "messages" in body

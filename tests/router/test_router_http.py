@@ -233,13 +233,19 @@ def test_api_keys_allowed_models_and_quotas(env):
     assert len(a.server.config.app.state.requests) == 3  # refused requests never reached a backend
 
 
-def test_isvc_key_secret_makes_a_model_key_only(env):
+def test_pod_api_key_is_sent_upstream_and_makes_the_model_key_only(env):
     e = env()
-    a = e.backend("A")
-    e.write([{"name": "open", "models": ["open"], "endpoints": [a.address]},
-             {"name": "private", "models": ["private"], "endpoints": [a.address], "apiKeySecretRef": "team-key"}],
-            keys=[{"name": "team-key", "key": "sk-team", "models": ""}])
-    assert e.client().completions.create(model="open", prompt="x", max_tokens=1).choices[0].text == "A:x"
-    with pytest.raises(openai.AuthenticationError):
+    open_backend, private_backend = e.backend("O"), e.backend("P", api_key="sk-pod")
+    e.write([{"name": "open", "models": ["open"], "endpoints": [open_backend.address]},
+             {"name": "private", "models": ["private"], "endpoints": [private_backend.address], "apiKey": "sk-pod"}],
+            keys=[{"name": "team", "key": "sk-team", "models": ["private"], "rpm": 100}])
+    assert e.client().completions.create(model="open", prompt="x", max_tokens=1).choices[0].text == "O:x"
+    with pytest.raises(openai.AuthenticationError):  # anonymous (placeholder key) may not use the private model
         e.client().completions.create(model="private", prompt="x", max_tokens=1)
-    assert e.client("sk-team").completions.create(model="private", prompt="y", max_tokens=1).choices[0].text == "A:y"
+    for key in ("sk-team", "sk-pod"):  # a router key allowing it, or the pods' own key
+        out = e.client(key).completions.create(model="private", prompt="y", max_tokens=1)
+        assert out.choices[0].text == "P:y"
+    for key in ("sk-pod", "sk-team"):  # a presented key is held to its models, even on an open model
+        with pytest.raises(openai.PermissionDeniedError):
+            e.client(key).completions.create(model="open", prompt="x", max_tokens=1)
+    assert len(private_backend.server.config.app.state.requests) == 2

@@ -105,8 +105,8 @@ class Router:
         try:
             key, rl_headers = authorize(
                 self.keys, request.headers.get("authorization"), model,
-                required=self.config.require_api_key or pool.spec.key_secret is not None,
-                extra_allowed=frozenset({pool.spec.key_secret} if pool.spec.key_secret else ()))
+                required=self.config.require_api_key or pool.spec.upstream_key is not None,
+                extra_allowed=frozenset({pool.spec.pod_key_name} if pool.spec.upstream_key else ()))
         except AuthError as e:
             self.metrics.rejected.labels(model=model, reason=str(e.status)).inc()
             return error(e.status, e.message, e.code, e.headers)
@@ -245,7 +245,7 @@ def create_app(source: Source, config: RouterConfig | None = None) -> FastAPI:
         except AuthError as e:
             return error(e.status, e.message, e.code, e.headers)
         if key is not None:
-            allowed = [m for m in allowed if key.allows(m) or key.name == router.registry.lookup(m).spec.key_secret]
+            allowed = [m for m in allowed if key.allows(m) or key.name == router.registry.lookup(m).spec.pod_key_name]
         data = []
         for m in allowed:
             pool = router.registry.lookup(m)

@@ -138,7 +138,10 @@ def prefix_key(body: dict, prefix_chars: int) -> str:
         text = "".join(parts)
     else:
         prompt = body.get("prompt", "")
-        if isinstance(prompt, list):
-            prompt = prompt[0] if prompt else ""
-        text = prompt if isinstance(prompt, str) else ",".join(map(str, prompt))
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+            prompt = prompt[0]  # a batch: its first prompt
+        if isinstance(prompt, list):  # token ids
+            text = ",".join(map(str, prompt))
+        else:
+            text = prompt if isinstance(prompt, str) else ""
     return text[:prefix_chars]

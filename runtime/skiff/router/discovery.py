@@ -41,13 +41,19 @@ def pool_from_dict(d: dict) -> PoolSpec:
         strategy=d.get("strategy", "prefixHash"),
         prefix_chars=int(d.get("prefixChars", 256)),
         replicas=d.get("replicas"),
-        key_secret=d.get("apiKeySecretRef"),
+        upstream_key=d.get("apiKey"),
     )
 
 
+def pod_keys(specs: list[PoolSpec]) -> list[ApiKey]:
+    """The implicit client keys: each pool's own pod key, valid for that pool's models only."""
+    return [ApiKey(s.pod_key_name, s.upstream_key, frozenset()) for s in specs if s.upstream_key]
+
+
 class StaticSource:
-    """A YAML/JSON file with `services:` (name, models, endpoints, strategy, prefixChars, replicas,
-    apiKeySecretRef) and `apiKeys:` (name, key, models, rpm, tpm); re-read whenever it changes."""
+    """A YAML/JSON file with `services:` (name, namespace, models, endpoints, strategy, prefixChars,
+    replicas, apiKey: the key the backends require) and `apiKeys:` (name, key, models, rpm, tpm); re-read
+    whenever it changes."""
 
     def __init__(self, path: str | os.PathLike, interval: float = 0.25) -> None:
         self.path = Path(path)
@@ -61,8 +67,9 @@ class StaticSource:
         if stamp == self._stamp:
             return
         doc = yaml.safe_load(self.path.read_text()) or {}
-        registry.update([pool_from_dict(s) for s in doc.get("services") or []])
-        keys.set_keys([
+        specs = [pool_from_dict(s) for s in doc.get("services") or []]
+        registry.update(specs)
+        keys.set_keys(pod_keys(specs) + [
             ApiKey.from_fields(k["name"], {f: _models_field(v) if f == "models" else str(v)
                                            for f, v in k.items() if v is not None})
             for k in doc.get("apiKeys") or []

@@ -11,6 +11,7 @@ import base64
 import logging
 from dataclasses import dataclass
 
+from skiff.router.discovery import pod_keys
 from skiff.router.keys import ApiKey, KeyStore
 from skiff.router.registry import PoolSpec, Registry
 
@@ -47,7 +48,16 @@ def slice_addresses(endpoint_slice: dict) -> list[str]:
     return out
 
 
-def pools_from_objects(isvcs: list[dict], slices: list[dict]) -> list[PoolSpec]:
+def secret_value(secret: dict, key: str) -> str | None:
+    if key in (secret.get("stringData") or {}):
+        return secret["stringData"][key]
+    raw = (secret.get("data") or {}).get(key)
+    return base64.b64decode(raw).decode().strip() if raw is not None else None
+
+
+def pools_from_objects(isvcs: list[dict], slices: list[dict], secrets: list[dict] = ()) -> list[PoolSpec]:
+    """`secrets`: at least the ones the InferenceServices' apiKeySecretRef name (their pods' key)."""
+    by_name = {(s["metadata"].get("namespace", "default"), s["metadata"]["name"]): s for s in secrets}
     by_owner: dict[tuple[str, str], list[str]] = {}
     for s in slices:
         meta = s.get("metadata") or {}
@@ -60,7 +70,12 @@ def pools_from_objects(isvcs: list[dict], slices: list[dict]) -> list[PoolSpec]:
         meta, spec = isvc["metadata"], isvc.get("spec") or {}
         namespace, name = meta.get("namespace", "default"), meta["name"]
         routing = spec.get("routing") or {}
-        key_ref = spec.get("apiKeySecretRef") or {}
+        ref = spec.get("apiKeySecretRef") or {}
+        upstream_key = None
+        if ref.get("name"):
+            secret = by_name.get((namespace, ref["name"]))
+            # a missing Secret or key: the pods reject everything anyway; the model stays key-only
+            upstream_key = (secret_value(secret, ref.get("key", "token")) if secret else None) or "\0missing"
         specs.append(PoolSpec(
             name=name,
             namespace=namespace,
@@ -69,7 +84,7 @@ def pools_from_objects(isvcs: list[dict], slices: list[dict]) -> list[PoolSpec]:
             strategy=routing.get("strategy", "prefixHash"),
             prefix_chars=int(routing.get("prefixChars", 256)),
             replicas=spec.get("replicas"),
-            key_secret=key_ref.get("name") if isinstance(key_ref, dict) else key_ref or None,
+            upstream_key=upstream_key,
         ))
     return specs
 
@@ -78,14 +93,15 @@ def key_from_secret(secret: dict) -> ApiKey:
     data = secret.get("data") or {}
     fields = {k: base64.b64decode(v).decode() for k, v in data.items()}
     fields |= secret.get("stringData") or {}
-    if KEY_LABEL not in (secret["metadata"].get("labels") or {}):
-        fields.setdefault("models", "")  # only referenced by an InferenceService: only its models
     return ApiKey.from_fields(secret["metadata"]["name"], fields)
 
 
 def keys_from_secrets(secrets: list[dict]) -> list[ApiKey]:
+    """Client keys from the Secrets labelled `skiff.dev/api-key` (others are ignored)."""
     keys = []
     for s in secrets:
+        if KEY_LABEL not in (s["metadata"].get("labels") or {}):
+            continue
         try:
             keys.append(key_from_secret(s))
         except (ValueError, UnicodeDecodeError) as e:
@@ -130,21 +146,21 @@ class KubeSource:
         secret_dicts = [ser(s) for s in secrets]
         have = {(s["metadata"].get("namespace"), s["metadata"]["name"]) for s in secret_dicts}
         for isvc in isvcs:
-            ref = (isvc.get("spec") or {}).get("apiKeySecretRef") or {}
-            name = ref.get("name") if isinstance(ref, dict) else ref
+            name = ((isvc.get("spec") or {}).get("apiKeySecretRef") or {}).get("name")
             ns = isvc["metadata"].get("namespace", "default")
             if name and (ns, name) not in have:
                 try:
                     secret_dicts.append(ser(self._core.read_namespaced_secret(name, ns)))
                     have.add((ns, name))
-                except Exception as e:  # a missing Secret leaves the model key-only with no valid key
+                except Exception as e:  # a missing Secret leaves the model key-only with no pod key
                     log.warning("apiKeySecretRef %s/%s unreadable: %s", ns, name, e)
         return isvcs, [ser(s) for s in slices], secret_dicts
 
     async def refresh(self, registry: Registry, keys: KeyStore) -> None:
         isvcs, slices, secrets = await asyncio.to_thread(self._list)
-        registry.update(pools_from_objects(isvcs, slices))
-        keys.set_keys(keys_from_secrets(secrets))
+        specs = pools_from_objects(isvcs, slices, secrets)
+        registry.update(specs)
+        keys.set_keys(pod_keys(specs) + keys_from_secrets(secrets))
 
     async def scale_from_zero(self, spec: PoolSpec) -> bool:
         """Set replicas 0 -> 1 through the scale subresource (the autoscaler takes it from there)."""

@@ -66,7 +66,8 @@ async def open_upstream(client: httpx.AsyncClient, pool: Pool, path: str, body: 
         tried.append(endpoint.address)
         endpoint.inflight += 1
         try:
-            request = client.build_request("POST", endpoint.url + path, json=body)
+            headers = {"authorization": f"Bearer {pool.spec.upstream_key}"} if pool.spec.upstream_key else None
+            request = client.build_request("POST", endpoint.url + path, json=body, headers=headers)
             response = await client.send(request, stream=True)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError) as e:
             endpoint.inflight -= 1

@@ -25,7 +25,13 @@ class PoolSpec:
     strategy: str = "prefixHash"
     prefix_chars: int = 256
     replicas: int | None = None  # spec.replicas of the InferenceService; 0 = scaled to zero
-    key_secret: str | None = None  # spec.apiKeySecretRef.name: requests need a key, this Secret's is allowed
+    # spec.apiKeySecretRef: the pods require this key. The router sends it upstream, requires a client key for
+    # these models, and accepts the pod key itself as one (named `pod_key_name`, no quota).
+    upstream_key: str | None = None
+
+    @property
+    def pod_key_name(self) -> str:
+        return f"{self.namespace}/{self.name}:pod-key"
 
 
 @dataclass(eq=False)
