@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import os
 import re
 import time
 from typing import Any, TypeVar
@@ -22,7 +23,7 @@ from skiff.server.generation import Job, Prompt
 from skiff.server.openai_types import ChatCompletionRequest, CompletionRequest
 
 M = TypeVar("M", bound=BaseModel)
-_OPEN_PATHS = {"/health", "/health_generate", "/metrics", "/skiff/integrity"}
+_OPEN_PATHS = {"/health", "/health_generate", "/metrics", "/skiff/integrity", "/skiff/processes"}
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 HEALTH_GENERATE_TIMEOUT = 30.0
 
@@ -202,6 +203,10 @@ def create_app(args: ServerArgs, client: EngineClient) -> FastAPI:
         reply = await client.control("check_integrity")
         body = {"ok": reply["ok"], "error": reply.get("error"), "stats": reply.get("stats"), "live": reply.get("live")}
         return JSONResponse(body, status_code=200 if reply["ok"] else 500)
+
+    @app.get("/skiff/processes")
+    async def processes() -> dict[str, Any]:
+        return {"api": os.getpid(), **client.info.pids}
 
     app.state.started = time.time()
     return app

@@ -58,6 +58,7 @@ class PodInfo:
     vocab_size: int = 0
     page_size: int = 0
     total_pages: int = 0
+    pids: dict[str, int] = field(default_factory=dict)  # child process ids by role (for operators and tests)
 
 
 class EngineClient:

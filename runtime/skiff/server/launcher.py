@@ -118,6 +118,7 @@ class Pod:
             client.close()
             return 1
         metrics.set_cache_config(self.args.engine.page_size, int(client.stats.get("total_pages", 0)))
+        client.info.pids = {name: int(proc.pid or 0) for name, proc in self.procs.items()}
         client.start()
         app = create_app(self.args, client)
         config = uvicorn.Config(app, host=self.args.host, port=self.args.port, log_level=self.args.log_level,

@@ -1,0 +1,86 @@
+"""Pure-torch attention over the paged KV pool (CPU and GPU).
+
+Decodes are batched: their KV is gathered into a padded [B, L] block and attended with two matmuls.
+Prefill chunks go one sequence at a time through SDPA with a causal mask offset by the cached prefix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from skiff.attention.base import AttentionBackend
+from skiff.engine.forward_batch import ForwardBatch
+
+
+@dataclass
+class _Prefill:
+    rows: slice  # token rows of this sequence in the batch
+    kv_slots: torch.Tensor | None  # all KV slots of the sequence; None when there is no cached prefix
+    mask: torch.Tensor | None  # [q_len, kv_len] bool, None when plain causal applies
+
+
+class TorchBackend(AttentionBackend):
+    def prepare(self, batch: ForwardBatch) -> None:
+        device = batch.input_ids.device
+        ps = batch.page_size
+        self._out_slots = batch.out_slots
+        nd = batch.num_decode
+        self.num_decode = nd
+        self.decode_slots = self.decode_mask = None
+        if nd:
+            lens = batch.seq_lens[:nd]
+            max_len = max(lens)
+            max_pages = -(-max_len // ps)
+            table = torch.zeros(nd, max_pages, dtype=torch.int64)
+            for i, pages in enumerate(batch.page_tables[:nd]):
+                table[i, : len(pages)] = torch.tensor(pages[:max_pages], dtype=torch.int64)
+            slots = (table.unsqueeze(-1) * ps + torch.arange(ps)).reshape(nd, -1)[:, :max_len]
+            self.decode_slots = slots.to(device)
+            self.decode_mask = (torch.arange(max_len).unsqueeze(0) < torch.tensor(lens).unsqueeze(1)).to(device)
+        self.prefills: list[_Prefill] = []
+        row = nd
+        for i in range(nd, batch.num_seqs):
+            q_len, kv_len = batch.q_lens[i], batch.seq_lens[i]
+            prefix = kv_len - q_len
+            kv_slots = mask = None
+            if prefix:
+                pages = torch.tensor(batch.page_tables[i], dtype=torch.int64)
+                kv_slots = (pages.unsqueeze(-1) * ps + torch.arange(ps)).reshape(-1)[:kv_len].to(device)
+                q_pos = torch.arange(prefix, kv_len).unsqueeze(1)
+                mask = (torch.arange(kv_len).unsqueeze(0) <= q_pos).to(device)
+            self.prefills.append(_Prefill(slice(row, row + q_len), kv_slots, mask))
+            row += q_len
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+        self.pool.write(layer, self._out_slots, k, v)
+        out = torch.empty_like(q)
+        if self.num_decode:
+            out[: self.num_decode] = self._decode(q[: self.num_decode], layer)
+        k_buf, v_buf = self.pool.k[layer], self.pool.v[layer]
+        for p in self.prefills:
+            qi = q[p.rows].transpose(0, 1)  # [Hq, Tq, D]
+            if p.kv_slots is None:
+                ki, vi = k[p.rows].transpose(0, 1), v[p.rows].transpose(0, 1)
+                oi = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=self.scale, enable_gqa=True)
+            else:
+                ki = k_buf.index_select(0, p.kv_slots).transpose(0, 1)
+                vi = v_buf.index_select(0, p.kv_slots).transpose(0, 1)
+                oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=p.mask, scale=self.scale, enable_gqa=True)
+            out[p.rows] = oi.transpose(0, 1)
+        return out
+
+    def _decode(self, q: torch.Tensor, layer: int) -> torch.Tensor:
+        assert self.decode_slots is not None and self.decode_mask is not None
+        b, hq, d = q.shape
+        hk = self.num_kv_heads
+        slots = self.decode_slots
+        keys = self.pool.k[layer][slots]  # [B, L, Hk, D]
+        values = self.pool.v[layer][slots]
+        qg = q.view(b, hk, hq // hk, d)  # heads of one KV group are adjacent
+        scores = torch.matmul(qg, keys.permute(0, 2, 3, 1)) * self.scale  # [B, Hk, G, L]
+        scores = scores.masked_fill(~self.decode_mask[:, None, None, :], float("-inf"))
+        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        return torch.matmul(probs, values.transpose(1, 2)).reshape(b, hq, d)  # [B, Hk, G, D] -> [B, Hq, D]

@@ -1,0 +1,89 @@
+"""ModelRunner: builds the model on its device, loads weights, owns the KV pool and runs forwards."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from skiff.attention.base import get_backend
+from skiff.config import EngineConfig
+from skiff.distributed.parallel import tp_info
+from skiff.engine.forward_batch import ForwardBatch
+from skiff.kvcache.pool import KVPool
+from skiff.loader import iter_tensors, load_weights
+from skiff.models import ModelConfig, build_model
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(cfg: EngineConfig) -> torch.device:
+    if cfg.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(cfg.device)
+
+
+def resolve_dtype(cfg: EngineConfig, device: torch.device) -> torch.dtype:
+    if cfg.dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return DTYPES[cfg.dtype]
+
+
+class ModelRunner:
+    def __init__(self, cfg: EngineConfig, path: Path, raw_cfg: dict[str, Any], model_cfg: ModelConfig,
+                 device: torch.device, dtype: torch.dtype) -> None:
+        self.cfg, self.model_cfg, self.device, self.dtype = cfg, model_cfg, device, dtype
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        with torch.device(device):
+            model = build_model(model_cfg)
+        model.to(dtype)
+        model.rotary.cos_sin = model.rotary.cos_sin.float()  # rotary tables stay fp32 like the reference
+        load_weights(model, (( n, t.to(dtype)) for n, t in iter_tensors(path, raw_cfg)), model_cfg.tie_word_embeddings)
+        self.model = model.eval()
+        attn = model.layers[0].self_attn
+        self.num_heads, self.num_kv_heads = attn.num_heads, attn.num_kv_heads
+        self.num_pages = self._num_pages()
+        self.pool = KVPool(model_cfg.num_layers, self.num_pages, cfg.page_size, self.num_kv_heads,
+                           model_cfg.head_dim, dtype, device)
+        backend = cfg.attention_backend
+        if backend == "auto":
+            backend = "flashinfer" if device.type == "cuda" and _has_flashinfer() else "torch"
+        self.backend = get_backend(backend)(self.pool, self.num_heads, self.num_kv_heads, model_cfg.head_dim)
+
+    def _num_pages(self) -> int:
+        per_token = KVPool.bytes_per_token(self.model_cfg.num_layers, self.num_kv_heads, self.model_cfg.head_dim,
+                                           self.dtype)
+        if self.cfg.max_total_tokens is not None:
+            tokens = self.cfg.max_total_tokens
+        elif self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            tokens = int(free * self.cfg.mem_fraction) // per_token
+        else:
+            tokens = int(self.cfg.cpu_kv_cache_gb * 2**30) // per_token
+        pages = tokens // self.cfg.page_size + 1  # page 0 is the padding page
+        if tp_info().size > 1:  # every rank must size its pool identically
+            t = torch.tensor([pages], device=self.device if self.device.type == "cuda" else "cpu")
+            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
+            pages = int(t.item())
+        if pages < 2:
+            raise ValueError(f"KV cache budget holds no page of {self.cfg.page_size} tokens")
+        return pages
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        self.backend.prepare(batch)
+        hidden = self.model(batch.input_ids, batch.positions, self.backend)
+        return self.model.compute_logits(hidden.index_select(0, batch.logit_rows))
+
+
+def _has_flashinfer() -> bool:
+    try:
+        import flashinfer  # noqa: F401
+    except ImportError:
+        return False
+    return True

@@ -1,0 +1,133 @@
+"""Tensor-parallel linear layers and embeddings.
+
+Each parameter carries a `weight_loader(param, tensor, shard)` that copies this rank's slice of a full
+checkpoint tensor into it, so the loader can stream tensors one by one without ever holding the model twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from skiff.distributed.parallel import all_gather_last_dim, all_reduce, tp_info
+
+
+def _copy_checked(param: torch.Tensor, value: torch.Tensor, what: str) -> None:
+    if tuple(param.shape) != tuple(value.shape):
+        raise ValueError(f"shape mismatch for {what}: checkpoint slice {tuple(value.shape)}, model expects {tuple(param.shape)}")
+    param.data.copy_(value)
+
+
+def default_loader(param: nn.Parameter, tensor: torch.Tensor, shard: object = None) -> None:
+    _copy_checked(param, tensor, getattr(param, "skiff_name", "parameter"))
+
+
+class ColumnParallelLinear(nn.Module):
+    """y = x W^T with W's output rows split over ranks. `parts` are the fused pieces (e.g. q, k, v).
+
+    part_heads/head_dim describe per-part head layout so that KV heads can be replicated when tp exceeds
+    their count: each rank then holds head `rank * heads // tp` of that part.
+    """
+
+    def __init__(self, in_features: int, part_sizes: Sequence[int], bias: bool, head_dim: int | None = None,
+                 replicate_parts: Sequence[bool] | None = None) -> None:
+        super().__init__()
+        tp = tp_info()
+        self.in_features = in_features
+        self.full_sizes = list(part_sizes)
+        self.replicate = list(replicate_parts or [False] * len(part_sizes))
+        self.head_dim = head_dim
+        self.local_sizes = [
+            (head_dim if rep else size // tp.size) for size, rep in zip(part_sizes, self.replicate, strict=True)
+        ]
+        out = sum(self.local_sizes)
+        self.weight = nn.Parameter(torch.empty(out, in_features), requires_grad=False)
+        self.weight.weight_loader = self._load  # type: ignore[attr-defined]
+        self.bias = None
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out), requires_grad=False)
+            self.bias.weight_loader = self._load  # type: ignore[attr-defined]
+
+    def _slice(self, tensor: torch.Tensor, part: int) -> torch.Tensor:
+        tp = tp_info()
+        full = self.full_sizes[part]
+        if tensor.shape[0] != full:
+            raise ValueError(f"shape mismatch: checkpoint part {part} has {tensor.shape[0]} rows, model expects {full}")
+        if self.replicate[part]:
+            assert self.head_dim is not None
+            heads = full // self.head_dim
+            head = tp.rank * heads // tp.size
+            return tensor[head * self.head_dim : (head + 1) * self.head_dim]
+        per = full // tp.size
+        return tensor[tp.rank * per : (tp.rank + 1) * per]
+
+    def _load(self, param: nn.Parameter, tensor: torch.Tensor, part: int | None = None) -> None:
+        part = 0 if part is None else part
+        offset = sum(self.local_sizes[:part])
+        size = self.local_sizes[part]
+        _copy_checked(param.data[offset : offset + size], self._slice(tensor, part), getattr(param, "skiff_name", "linear"))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class RowParallelLinear(nn.Module):
+    """y = x W^T with W's input columns split over ranks; partial sums are all-reduced."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+        super().__init__()
+        tp = tp_info()
+        if in_features % tp.size:
+            raise ValueError(f"cannot split {in_features} input features over tensor-parallel size {tp.size}")
+        self.local_in = in_features // tp.size
+        self.weight = nn.Parameter(torch.empty(out_features, self.local_in), requires_grad=False)
+        self.weight.weight_loader = self._load  # type: ignore[attr-defined]
+        self.bias = None
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False)
+
+    def _load(self, param: nn.Parameter, tensor: torch.Tensor, part: object = None) -> None:
+        rank = tp_info().rank
+        if tensor.dim() != 2 or tensor.shape[1] != self.local_in * tp_info().size:
+            raise ValueError(f"shape mismatch for {getattr(param, 'skiff_name', 'linear')}: checkpoint {tuple(tensor.shape)}")
+        _copy_checked(param, tensor[:, rank * self.local_in : (rank + 1) * self.local_in], getattr(param, "skiff_name", "linear"))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = all_reduce(F.linear(x, self.weight))
+        return y if self.bias is None else y + self.bias
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Embedding rows split over ranks (vocab padded to a multiple of tp); also serves as the LM head."""
+
+    def __init__(self, vocab_size: int, dim: int) -> None:
+        super().__init__()
+        tp = tp_info()
+        self.vocab_size = vocab_size
+        self.per_rank = -(-vocab_size // tp.size)
+        self.start = tp.rank * self.per_rank
+        self.weight = nn.Parameter(torch.zeros(self.per_rank, dim), requires_grad=False)
+        self.weight.weight_loader = self._load  # type: ignore[attr-defined]
+
+    def _load(self, param: nn.Parameter, tensor: torch.Tensor, part: object = None) -> None:
+        if tensor.shape != (self.vocab_size, param.shape[1]):
+            raise ValueError(f"shape mismatch for {getattr(param, 'skiff_name', 'embedding')}: checkpoint {tuple(tensor.shape)}, "
+                             f"model expects {(self.vocab_size, param.shape[1])}")
+        rows = tensor[self.start : self.start + self.per_rank]
+        param.data.zero_()
+        param.data[: rows.shape[0]].copy_(rows)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if tp_info().size == 1:
+            return F.embedding(ids, self.weight)
+        local = ids - self.start
+        outside = (local < 0) | (local >= self.per_rank)
+        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        return all_reduce(out.masked_fill(outside.unsqueeze(-1), 0))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, dim] -> [N, vocab] full logits on every rank."""
+        return all_gather_last_dim(F.linear(hidden, self.weight))[..., : self.vocab_size]
