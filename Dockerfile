@@ -28,7 +28,7 @@ LABEL org.opencontainers.image.title="skiff" \
       org.opencontainers.image.description="Skiff LLM inference runtime (skiff serve) with torch and FlashInfer on CUDA" \
       org.opencontainers.image.version="${SKIFF_VERSION}" \
       org.opencontainers.image.licenses="Apache-2.0" \
-      org.opencontainers.image.source="https://github.com/skiff-dev/skiff" \
+      org.opencontainers.image.source="https://github.com/skiff-project/skiff" \
       org.opencontainers.image.vendor="Skiff" \
       org.opencontainers.image.base.name="${CUDA_IMAGE}"
 
@@ -88,7 +88,7 @@ LABEL org.opencontainers.image.title="skiff-operator" \
       org.opencontainers.image.description="Skiff operator (InferenceService reconciler) and in-cluster OpenAI router; no torch" \
       org.opencontainers.image.version="${SKIFF_VERSION}" \
       org.opencontainers.image.licenses="Apache-2.0" \
-      org.opencontainers.image.source="https://github.com/skiff-dev/skiff" \
+      org.opencontainers.image.source="https://github.com/skiff-project/skiff" \
       org.opencontainers.image.vendor="Skiff" \
       org.opencontainers.image.base.name="${PYTHON_IMAGE}"
 

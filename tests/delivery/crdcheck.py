@@ -34,6 +34,12 @@ def to_json_schema(node: dict[str, Any]) -> dict[str, Any]:
             continue
         else:
             out[key] = value
+    for bound in ("Minimum", "Maximum"):  # OpenAPI 3.0 booleans -> JSON Schema numbers
+        flag, limit = f"exclusive{bound}", bound.lower()
+        if isinstance(node.get(flag), bool):
+            out.pop(flag)
+            if node[flag] and limit in node:
+                out[flag] = out.pop(limit)
     if node.get("x-kubernetes-int-or-string"):
         out["type"] = ["integer", "string"]
     if node.get("nullable") and "type" in out:

@@ -36,16 +36,18 @@ def test_defaults_render_operator_router_rbac(rendered):
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert c["securityContext"]["capabilities"]["drop"] == ["ALL"] and not c["securityContext"]["allowPrivilegeEscalation"]
     assert c["livenessProbe"]["httpGet"]["port"] == "health" and c["readinessProbe"]
-    assert "--all-namespaces" in c["args"] and "--standalone" in c["args"]
+    assert "--standalone" in c["args"] and not any(a.startswith("--namespace") for a in c["args"])
+    assert "--default-image=ghcr.io/skiff-project/skiff:0.1.0" in c["args"]
     assert op["spec"]["strategy"]["type"] == "Recreate"  # one standalone kopf instance at a time
-    assert c["image"] == "ghcr.io/skiff-dev/skiff-operator:0.1.0"  # appVersion, never latest
+    assert c["image"] == "ghcr.io/skiff-project/skiff-operator:0.1.0"  # appVersion, never latest
     (role,) = find(objs, "ClusterRole", "skiff-operator")
     granted = {(g, r) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
     for need in [("skiff.dev", "inferenceservices"), ("skiff.dev", "inferenceservices/status"),
                  ("skiff.dev", "inferenceservices/scale"), ("apps", "deployments"), ("", "services"),
                  ("policy", "poddisruptionbudgets"), ("", "pods"), ("discovery.k8s.io", "endpointslices"),
                  ("", "events"), ("autoscaling", "horizontalpodautoscalers"), ("keda.sh", "scaledobjects"),
-                 ("", "secrets"), ("kopf.dev", "kopfpeerings"), ("kopf.dev", "clusterkopfpeerings")]:
+                 ("", "secrets"), ("kopf.dev", "kopfpeerings"), ("kopf.dev", "clusterkopfpeerings"),
+                 ("", "persistentvolumeclaims")]:
         assert need in granted, need
     secrets = [r for r in role["rules"] if "secrets" in r["resources"]]
     assert all(set(r["verbs"]) <= {"get", "list", "watch"} for r in secrets), "secrets are read-only"
@@ -76,7 +78,10 @@ def test_namespaced_rbac_has_no_cluster_grants(rendered):
     for b in find(objs, "RoleBinding", "skiff-operator"):
         assert b["subjects"] == [{"kind": "ServiceAccount", "name": "skiff-operator", "namespace": "skiff-system"}]
     args = find(objs, "Deployment", "skiff-operator")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert "--namespace=team-a" in args and "--namespace=team-b" in args and "--all-namespaces" not in args
+    assert "--namespace=team-a" in args and "--namespace=team-b" in args
+    router = find(objs, "Deployment", "skiff-router")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=team-a" in router and "--namespace=team-b" in router
+    assert sorted(r["metadata"]["namespace"] for r in find(objs, "Role", "skiff-router")) == ["team-a", "team-b"]
 
 
 def test_namespaced_router_watches_its_namespace():
@@ -87,11 +92,6 @@ def test_namespaced_router_watches_its_namespace():
     assert role["metadata"]["namespace"] == "ml" and not find(objs, "ClusterRoleBinding")
     verbs = {v for r in role["rules"] for v in r["verbs"]}
     assert verbs == {"get", "list", "watch", "patch"}  # patch: only inferenceservices/scale (scale from zero)
-
-
-def test_router_refuses_several_namespaces():
-    with pytest.raises(helm.HelmRenderError, match="the router watches one namespace or all of them"):
-        renderer.render({"rbac": {"clusterWide": False}, "operator": {"watchNamespaces": ["a", "b"]}})
 
 
 def test_router_off_renders_no_router(rendered):
@@ -180,7 +180,7 @@ BAD_VALUES = [
     ({"operator": {"watchNamespaces": ["Team_A"]}}, "'Team_A' does not match pattern"),
     ({"operator": {"logLevel": "verbose"}}, "/operator/logLevel"),
     ({"catalog": {"m": {"enabled": True}}}, "missing property 'spec'"),
-    ({"runtime": {"modelCacheDir": "relative/path"}}, "/runtime/modelCacheDir"),
+    ({"runtime": {"image": {"repository": ""}}}, "/runtime/image/repository"),
 ]
 
 

@@ -25,8 +25,9 @@
 - apiGroups: [keda.sh]
   resources: [scaledobjects]
   verbs: [get, list, watch, create, update, patch, delete]
-- apiGroups: [monitoring.coreos.com]
-  resources: [servicemonitors]
+# Model caches: a claim per InferenceService that asks for one (owned, deleted with it).
+- apiGroups: [""]
+  resources: [persistentvolumeclaims]
   verbs: [get, list, watch, create, update, patch, delete]
 - apiGroups: [""]
   resources: [pods]
