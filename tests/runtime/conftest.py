@@ -1,0 +1,115 @@
+"""Fixtures of the runtime tests. Expensive objects (the embedded model in Skiff and in HF transformers, the
+random-weight model directories) are built once per session; every engine a test touches is checked for
+page integrity after the test."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from skiff_rt_helpers import build_random_model
+
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+
+
+def make_llm(model=None, **kwargs):
+    from skiff import LLM
+
+    kwargs.setdefault("dtype", "float32")
+    llm = LLM(model=None if model is None else str(model), **kwargs)
+    _LIVE.add(llm)
+    return llm
+
+
+def assert_engine_clean(llm) -> None:
+    llm.engine.check_integrity()
+    st = llm.engine.stats()
+    assert st.num_running == 0 and st.num_queued == 0, f"requests left behind: {st}"
+    assert st.used_pages == 0, f"pages still held by requests after all finished: {st}"
+    assert st.free_pages + st.cached_pages == st.total_pages, f"pages leaked: {st}"
+
+
+@pytest.fixture(autouse=True)
+def _engines_stay_consistent() -> Iterator[None]:
+    yield
+    for llm in list(_LIVE):
+        if not llm.engine.closed:
+            assert_engine_clean(llm)
+
+
+@pytest.fixture
+def llm_factory():
+    """Function-scoped engines: integrity-checked, then shut down, at teardown."""
+    made = []
+
+    def factory(model=None, **kwargs):
+        llm = make_llm(model, **kwargs)
+        made.append(llm)
+        return llm
+
+    yield factory
+    for llm in made:
+        try:
+            if not llm.engine.closed:
+                assert_engine_clean(llm)
+        finally:
+            llm.shutdown()
+
+
+@pytest.fixture(scope="session")
+def embedded_path() -> Path:
+    from skiff.embedded import embedded_model_path
+
+    return embedded_model_path()
+
+
+@pytest.fixture(scope="session")
+def smollm():
+    """Skiff on the embedded SmolLM2-135M-Instruct, fp32, default radix cache."""
+    llm = make_llm(None, max_total_tokens=16384)
+    yield llm
+    llm.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tokenizer(smollm):
+    return smollm.tokenizer
+
+
+@pytest.fixture(scope="session")
+def hf_smollm(embedded_path):
+    """HF transformers' own loading of the same GGUF file: the reference."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(embedded_path.parent), gguf_file=embedded_path.name,
+                                                 dtype=torch.float32)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def model_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("random_models")
+
+
+@pytest.fixture(scope="session")
+def random_model(model_root, embedded_path):
+    """random_model(name) -> directory of a random-weight model (built once per session)."""
+    from skiff.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(embedded_path)
+    built: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in built:
+            built[name] = build_random_model(name, model_root, tok)
+        return built[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(random_model) -> Path:
+    return random_model("tiny_llama")
