@@ -39,7 +39,7 @@ class LLM:
             raise InvalidRequest(f"{len(prompts)} prompts but {len(plist)} sampling parameter sets")
         results: dict[str, RequestOutput] = {}
         order: list[str] = []
-        texts: dict[str, str] = {}
+        texts: dict[str, str] = {}  # final text of requests that a stop string ended
         try:
             for prompt, p in zip(prompts, plist, strict=True):
                 rid = f"offline-{next(self._ids)}"
@@ -52,6 +52,8 @@ class LLM:
             while self.engine.has_work:
                 for out in self.engine.step():
                     res = results[out.rid]
+                    if out.rid in texts:
+                        continue  # the abort that follows a stop-string match
                     res.token_ids.extend(out.token_ids)
                     res.cached_tokens = out.cached_tokens
                     if out.logprobs is not None and res.logprobs is not None:
@@ -63,17 +65,13 @@ class LLM:
                     elif pmap[out.rid].stop and self._hit_stop(res, pmap[out.rid], texts):
                         self.engine.abort_request(out.rid)
                         res.finish_reason = "stop"
-                        res.aborted_for_stop = True  # type: ignore[attr-defined]
         except BaseException:
             for rid in order:
                 self.engine.abort_request(rid)
             self.engine.step()
             raise
         for res in results.values():
-            if getattr(res, "aborted_for_stop", False):
-                res.finish_reason = "stop"
-                del res.aborted_for_stop  # type: ignore[attr-defined]
-            res.text = texts.get(res.rid) or self.tokenizer.decode(res.token_ids, skip_special_tokens=True)
+            res.text = texts[res.rid] if res.rid in texts else self.tokenizer.decode(res.token_ids, skip_special_tokens=True)
         return [results[rid] for rid in order]
 
     def _hit_stop(self, res: RequestOutput, p: SamplingParams, texts: dict[str, str]) -> bool:

@@ -121,6 +121,13 @@ class Scheduler:
             self._grow(r, n)
             seqs.append(ScheduledSeq(r, r.kv_len, n))
             budget -= n
+        if not seqs and self.running and not self.starved:
+            # Every running request is mid-prefill and the pool is full: free room by retracting the
+            # newest one, or give up on a lone request that cannot fit at all.
+            if self._retract_newest() is None:
+                self.starved.append(self.running[0])
+                return None
+            return self.schedule()
         return ScheduleBatch(seqs, num_decode) if seqs else None
 
     def _fit(self, r: Req, want: int, headroom: int) -> int:
