@@ -80,6 +80,7 @@ def test_out_of_bounds_replicas_are_clamped_first(current, reason, replicas):
 def test_reasons_and_no_metrics():
     assert decide(P, [], 3, 0.0).reason == "NoMetrics"
     assert decide(P, [Sample(0, 40, 1)], 1, 0).reason == "ScaleUp"
+    assert decide(P, [Sample(0, 400, 8)], 8, 0).reason == "AtMaximum"
     assert decide(Z, [Sample(0, 2, 0)], 0, 0).reason == "ScaleFromZero"
     idle = [Sample(t, 0, 1) for t in range(0, 75, 15)]
     assert decide(Z, idle, 1, 60).reason == "IdleToZero"

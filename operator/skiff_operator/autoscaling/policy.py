@@ -112,10 +112,16 @@ def decide(policy: Policy, history: Sequence[Sample], current: int, now: float) 
             return Decision(current, "ScaleUpStabilizing",
                             f"load {latest.load:g} wants {want} but not for {p.scale_up_window:g}s yet")
         target = min(up, current + p.max_up_step, p.max_replicas)
+        if target == current:
+            return Decision(current, "AtMaximum", f"load {latest.load:g} wants {want}; maxReplicas is {p.max_replicas}")
         return Decision(target, "ScaleUp", f"load {latest.load:g} over target {p.target_per_replica:g}/replica")
     down = max(max(recommend(p, s.load) for s in _window(history, now, p.scale_down_window)), floor)
     if down >= current:
-        return Decision(current, "Steady", f"load {latest.load:g} fits {current} replicas")
+        if max(want, floor) >= current:
+            return Decision(current, "Steady", f"load {latest.load:g} fits {current} replicas")
+        return Decision(current, "ScaleDownStabilizing",
+                        f"load {latest.load:g} wants {max(want, floor)}; the last {p.scale_down_window:g}s wanted "
+                        f"{down}")
     if not _covers(history, now, p.scale_down_window):
         return Decision(current, "ScaleDownStabilizing",
                         f"load {latest.load:g} wants {down}; history is shorter than {p.scale_down_window:g}s")
