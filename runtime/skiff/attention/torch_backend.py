@@ -39,7 +39,9 @@ class TorchBackend(AttentionBackend):
                 table[i, : len(pages)] = torch.tensor(pages[:max_pages], dtype=torch.int64)
             slots = (table.unsqueeze(-1) * ps + torch.arange(ps)).reshape(nd, -1)[:, :max_len]
             self.decode_slots = slots.to(device)
-            self.decode_mask = (torch.arange(max_len).unsqueeze(0) < torch.tensor(lens).unsqueeze(1)).to(device)
+            if min(lens) < max_len:  # padded rows: mask the padding, shaped to broadcast over heads
+                valid = torch.arange(max_len).unsqueeze(0) < torch.tensor(lens).unsqueeze(1)
+                self.decode_mask = valid[:, None, None, :].to(device)
         self.prefills: list[_Prefill] = []
         row = nd
         for i in range(nd, batch.num_seqs):
@@ -73,14 +75,9 @@ class TorchBackend(AttentionBackend):
         return out
 
     def _decode(self, q: torch.Tensor, layer: int) -> torch.Tensor:
-        assert self.decode_slots is not None and self.decode_mask is not None
-        b, hq, d = q.shape
-        hk = self.num_kv_heads
-        slots = self.decode_slots
-        keys = self.pool.k[layer][slots]  # [B, L, Hk, D]
-        values = self.pool.v[layer][slots]
-        qg = q.view(b, hk, hq // hk, d)  # heads of one KV group are adjacent
-        scores = torch.matmul(qg, keys.permute(0, 2, 3, 1)) * self.scale  # [B, Hk, G, L]
-        scores = scores.masked_fill(~self.decode_mask[:, None, None, :], float("-inf"))
-        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-        return torch.matmul(probs, values.transpose(1, 2)).reshape(b, hq, d)  # [B, Hk, G, D] -> [B, Hq, D]
+        assert self.decode_slots is not None
+        keys = self.pool.k[layer][self.decode_slots].transpose(1, 2)  # [B, Hk, L, D]
+        values = self.pool.v[layer][self.decode_slots].transpose(1, 2)
+        out = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=self.decode_mask,
+                                             scale=self.scale, enable_gqa=True)
+        return out.squeeze(2)  # [B, Hq, 1, D] -> [B, Hq, D]
