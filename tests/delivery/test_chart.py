@@ -6,7 +6,7 @@ from __future__ import annotations
 import helm_python as helm
 import pytest
 import yaml
-from conftest import CHART, VALUES_FILES, claimed_versions, find, renderer, values_of
+from delivery_helpers import CHART, VALUES_FILES, claimed_versions, find, renderer, values_of
 
 
 def lint_problems(values, kube_version):
@@ -36,9 +36,10 @@ def test_defaults_render_operator_router_rbac(rendered):
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert c["securityContext"]["capabilities"]["drop"] == ["ALL"] and not c["securityContext"]["allowPrivilegeEscalation"]
     assert c["livenessProbe"]["httpGet"]["port"] == "health" and c["readinessProbe"]
-    assert "--standalone" in c["args"] and not any(a.startswith("--namespace") for a in c["args"])
+    assert "--peering=skiff-operator" in c["args"] and not any(a.startswith("--namespace") for a in c["args"])
     assert "--default-image=ghcr.io/skiff-project/skiff:0.1.0" in c["args"]
-    assert op["spec"]["strategy"]["type"] == "Recreate"  # one standalone kopf instance at a time
+    assert op["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}  # peering-safe
+    assert c["command"][:2] == ["/bin/sh", "-c"] and "--priority=" in c["command"][2]
     assert c["image"] == "ghcr.io/skiff-project/skiff-operator:0.1.0"  # appVersion, never latest
     (role,) = find(objs, "ClusterRole", "skiff-operator")
     granted = {(g, r) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
@@ -58,7 +59,8 @@ def test_defaults_render_operator_router_rbac(rendered):
     assert svc["spec"]["ports"][0]["targetPort"] == "http"
     (crd,) = find(objs, "CustomResourceDefinition", "inferenceservices.skiff.dev")
     assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
-    assert not find(objs, "PodDisruptionBudget") and not find(objs, "ClusterKopfPeering")
+    assert not find(objs, "PodDisruptionBudget")  # one replica: a PDB would block node drains
+    assert find(objs, "ClusterKopfPeering", "skiff-operator")  # kopf stays paused until it sees one
 
 
 def test_aggregated_roles(rendered):
@@ -124,12 +126,15 @@ def test_ha_uses_kopf_peering_and_pdbs(rendered):
     objs = rendered["ha-values"]
     op = find(objs, "Deployment", "skiff-operator")[0]
     args = op["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert "--peering=skiff-operator" in args and "--standalone" not in args
-    assert op["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert "--peering=skiff-operator" in args and c_is_wrapped(op) and op["spec"]["replicas"] == 3
     assert find(objs, "ClusterKopfPeering", "skiff-operator")
     assert {p["metadata"]["name"] for p in find(objs, "PodDisruptionBudget")} == {"skiff-operator", "skiff-router"}
     peering_crds = {c["metadata"]["name"] for c in renderer.chart_crd_folder()}
     assert peering_crds == {"kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"}
+
+
+def c_is_wrapped(deployment) -> bool:
+    return deployment["spec"]["template"]["spec"]["containers"][0]["command"][0] == "/bin/sh"
 
 
 def test_namespaced_ha_peers_per_namespace():

@@ -8,7 +8,7 @@ import os
 import subprocess
 
 import pytest
-from conftest import VALUES_FILES, find, renderer, values_of
+from delivery_helpers import VALUES_FILES, find, renderer, values_of
 
 
 def container(objs, name):

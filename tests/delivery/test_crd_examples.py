@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, find, renderer
 from crdcheck import validate
+from delivery_helpers import ROOT, find, renderer
 
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
 

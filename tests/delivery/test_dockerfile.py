@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
+from delivery_helpers import ROOT
 
 DOCKERFILE = ROOT / "Dockerfile"
 LABELS = ["title", "description", "version", "licenses", "source", "vendor", "base.name"]

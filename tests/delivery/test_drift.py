@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import yaml
-from conftest import CHART, ROOT, renderer
+from delivery_helpers import CHART, ROOT, renderer
 
 SCRIPT = ROOT / "scripts" / "render_manifests.py"
 

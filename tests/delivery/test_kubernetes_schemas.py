@@ -9,8 +9,8 @@ import json
 import kubernetes_validate
 import pytest
 import yaml
-from conftest import ROOT, claimed_versions, renderer
 from crdcheck import validate as validate_cr
+from delivery_helpers import ROOT, claimed_versions, renderer
 
 # Kinds whose CRDs live outside this project (the Prometheus Operator's); nothing else may lack a schema.
 FOREIGN_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}

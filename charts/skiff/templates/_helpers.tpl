@@ -78,7 +78,3 @@ app.kubernetes.io/component: {{ . }}
 {{- toJson (list .Release.Namespace) }}
 {{- end }}
 {{- end }}
-
-{{- define "skiff.peeringEnabled" -}}
-{{- if gt (int .Values.operator.replicas) 1 }}true{{- end }}
-{{- end }}

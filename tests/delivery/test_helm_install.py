@@ -1,0 +1,199 @@
+"""`helm install` of the chart (helm-python-sdk) into a real kube-apiserver (the operator tests' control
+plane, built by scripts/install.d/kube.sh), then the operator, run with the installed Deployment's own
+command line and the installed ServiceAccount's token (so the chart's RBAC is what it gets), reconciles an
+example InferenceService; `helm uninstall` keeps the CRD and the InferenceService.
+
+The test API server is Kubernetes 1.20 and reports version v0.0.0, while the chart claims >= 1.29. So the
+unmodified chart must be refused on its kubeVersion, and the installed copy drops what 1.20 cannot hold:
+the kubeVersion line, the CRD's CEL rules, and empty-string defaults (1.20 stores them as null)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from delivery_helpers import CHART, ROOT
+
+sys.path.insert(0, str(ROOT / "tests" / "operator"))
+from op_kubeapi import ControlPlane, FakeKubelet, binaries_present  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not binaries_present(), reason="no test kube-apiserver: run scripts/install.d/kube.sh")
+
+RELEASE, NAMESPACE, MODELS_NS = "skiff", "skiff-system", "models"
+
+
+def _strip_for_old_servers(node: Any) -> None:
+    if isinstance(node, dict):
+        node.pop("x-kubernetes-validations", None)
+        if node.get("default") == "":
+            node.pop("default")
+        for v in node.values():
+            _strip_for_old_servers(v)
+    elif isinstance(node, list):
+        for v in node:
+            _strip_for_old_servers(v)
+
+
+def chart_for_test_server(tmp: Path) -> Path:
+    copy = tmp / "skiff"
+    shutil.copytree(CHART, copy)
+    meta = yaml.safe_load((copy / "Chart.yaml").read_text())
+    meta.pop("kubeVersion")
+    (copy / "Chart.yaml").write_text(yaml.safe_dump(meta))
+    for f in (copy / "files" / "crds").glob("*.yaml"):
+        crd = yaml.safe_load(f.read_text())
+        _strip_for_old_servers(crd)
+        f.write_text(yaml.safe_dump(crd))
+    return copy
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(what: str, check, timeout: float = 60.0, log: Path | None = None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.5)
+    tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:]) if log and log.exists() else ""
+    raise AssertionError(f"timed out waiting for {what}\n{tail}")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    cp = ControlPlane()
+    try:
+        cp.start()
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.fixture(scope="module")
+def clients(cluster):
+    import kubernetes
+
+    api = kubernetes.config.new_client_from_config(str(cluster.kubeconfig))
+    return {"core": kubernetes.client.CoreV1Api(api), "apps": kubernetes.client.AppsV1Api(api),
+            "custom": kubernetes.client.CustomObjectsApi(api), "ext": kubernetes.client.ApiextensionsV1Api(api)}
+
+
+def test_unmodified_chart_is_refused_on_kube_version(cluster):
+    import helm_python as helm
+
+    with (helm.Config(kubeconfig_path=str(cluster.kubeconfig), namespace=NAMESPACE) as cfg,
+          pytest.raises(helm.HelmReleaseError, match=r"chart requires kubeVersion: >=1\.29")):
+        cfg.install(str(CHART), "refused", {}, namespace=NAMESPACE, create_namespace=True)
+
+
+def test_install_then_operator_reconciles_an_example(cluster, clients, tmp_path):
+    import helm_python as helm
+    import kubernetes
+
+    chart = chart_for_test_server(tmp_path)
+    health = free_port()
+    with helm.Config(kubeconfig_path=str(cluster.kubeconfig), namespace=NAMESPACE) as cfg:
+        release = cfg.install(str(chart), RELEASE, {"operator": {"healthPort": health}}, namespace=NAMESPACE,
+                              create_namespace=True, timeout=120)
+        assert release["status"] == "deployed", release
+        ext = clients["ext"]
+        crd = wait_for("the CRD to be established", lambda: next(
+            (c for c in [ext.read_custom_resource_definition("inferenceservices.skiff.dev")]
+             if any(s.type == "Established" and s.status == "True" for s in c.status.conditions or [])), None))
+        assert crd.metadata.annotations["helm.sh/resource-policy"] == "keep"
+        operator = clients["apps"].read_namespaced_deployment("skiff-operator", NAMESPACE)
+        clients["apps"].read_namespaced_deployment("skiff-router", NAMESPACE)
+        container = operator.spec.template.spec.containers[0]
+
+        # The installed ServiceAccount's identity, through the TokenRequest API.
+        sa = operator.spec.template.spec.service_account_name
+        token = clients["core"].create_namespaced_service_account_token(
+            sa, NAMESPACE, kubernetes.client.AuthenticationV1TokenRequest(
+                spec=kubernetes.client.V1TokenRequestSpec(audiences=["https://kubernetes.default.svc.cluster.local"],
+                                                          expiration_seconds=3600))).status.token
+        kubeconfig = tmp_path / "operator-kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "sa",
+            "clusters": [{"name": "c", "cluster": {"server": cluster.url, "insecure-skip-tls-verify": True}}],
+            "users": [{"name": "sa", "user": {"token": token}}],
+            "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa"}}]}))
+
+        clients["core"].create_namespace({"metadata": {"name": MODELS_NS}})
+        example = yaml.safe_load((ROOT / "manifests" / "examples" / "embedded-cpu.yaml").read_text())
+        name = example["metadata"]["name"]
+        log = tmp_path / "operator.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+        env["KUBECONFIG"] = str(kubeconfig)
+        kubelet = FakeKubelet(clients["core"], MODELS_NS)
+        kubelet.start()
+        with open(log, "wb") as out:
+            command = [a.replace("$$", "$") for a in container.command]  # the kubelet's $(VAR) expansion
+            proc = subprocess.Popen([*command, *container.args], stdout=out, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True)
+        try:
+            wait_for("the operator's liveness endpoint", lambda: _healthy(health), timeout=60, log=log)
+            clients["custom"].create_namespaced_custom_object("skiff.dev", "v1alpha1", MODELS_NS,
+                                                              "inferenceservices", example)
+            dep = wait_for("the model Deployment", lambda: _get(
+                lambda: clients["apps"].read_namespaced_deployment(name, MODELS_NS)), log=log)
+            owner = dep.metadata.owner_references[0]
+            assert (owner.kind, owner.name, owner.controller) == ("InferenceService", name, True)
+            assert dep.spec.template.spec.containers[0].image == "ghcr.io/skiff-project/skiff:0.1.0"
+            wait_for("the model Service", lambda: _get(lambda: clients["core"].read_namespaced_service(name, MODELS_NS)),
+                     log=log)
+            isvc = wait_for("the InferenceService to be Ready", lambda: _ready(clients, name), timeout=90, log=log)
+            assert isvc["status"]["readyReplicas"] == 1
+            assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+            assert "Forbidden" not in log.read_text(errors="replace"), log.read_text(errors="replace")[-3000:]
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            kubelet.stop()
+
+        cfg.uninstall(RELEASE)
+    assert _get(lambda: clients["apps"].read_namespaced_deployment("skiff-operator", NAMESPACE)) is None
+    ext.read_custom_resource_definition("inferenceservices.skiff.dev")  # kept
+    clients["custom"].get_namespaced_custom_object("skiff.dev", "v1alpha1", MODELS_NS, "inferenceservices", name)
+
+
+def _healthy(port: int) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _get(read):
+    import kubernetes
+
+    try:
+        return read()
+    except kubernetes.client.ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def _ready(clients, name: str) -> dict | None:
+    isvc = clients["custom"].get_namespaced_custom_object("skiff.dev", "v1alpha1", MODELS_NS, "inferenceservices", name)
+    conds = (isvc.get("status") or {}).get("conditions") or []
+    return isvc if any(c["type"] == "Ready" and c["status"] == "True" for c in conds) else None
