@@ -4,38 +4,18 @@ page integrity after the test."""
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from skiff_rt_helpers import build_random_model
-
-_LIVE: weakref.WeakSet = weakref.WeakSet()
-
-
-def make_llm(model=None, **kwargs):
-    from skiff import LLM
-
-    kwargs.setdefault("dtype", "float32")
-    llm = LLM(model=None if model is None else str(model), **kwargs)
-    _LIVE.add(llm)
-    return llm
-
-
-def assert_engine_clean(llm) -> None:
-    llm.engine.check_integrity()
-    st = llm.engine.stats()
-    assert st.num_running == 0 and st.num_queued == 0, f"requests left behind: {st}"
-    assert st.used_pages == 0, f"pages still held by requests after all finished: {st}"
-    assert st.free_pages + st.cached_pages == st.total_pages, f"pages leaked: {st}"
+from skiff_rt_helpers import LIVE_ENGINES, assert_engine_clean, build_random_model, make_llm
 
 
 @pytest.fixture(autouse=True)
 def _engines_stay_consistent() -> Iterator[None]:
     yield
-    for llm in list(_LIVE):
+    for llm in list(LIVE_ENGINES):
         if not llm.engine.closed:
             assert_engine_clean(llm)
 
@@ -55,6 +35,23 @@ def llm_factory():
         try:
             if not llm.engine.closed:
                 assert_engine_clean(llm)
+        finally:
+            llm.shutdown()
+
+
+@pytest.fixture(scope="module")
+def llm_factory_module():
+    """Module-scoped engines, checked and shut down when the module ends."""
+    made = []
+
+    def factory(model=None, **kwargs):
+        made.append(make_llm(model, **kwargs))
+        return made[-1]
+
+    yield factory
+    for llm in made:
+        try:
+            assert_engine_clean(llm)
         finally:
             llm.shutdown()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,26 @@ from pathlib import Path
 import torch
 
 TIE_TOL = 1e-3
+
+# every engine the tests make; the autouse fixture checks each live one after every test
+LIVE_ENGINES: weakref.WeakSet = weakref.WeakSet()
+
+
+def make_llm(model=None, **kwargs):
+    from skiff import LLM
+
+    kwargs.setdefault("dtype", "float32")
+    llm = LLM(model=None if model is None else str(model), **kwargs)
+    LIVE_ENGINES.add(llm)
+    return llm
+
+
+def assert_engine_clean(llm) -> None:
+    llm.engine.check_integrity()
+    st = llm.engine.stats()
+    assert st.num_running == 0 and st.num_queued == 0, f"requests left behind: {st}"
+    assert st.used_pages == 0, f"pages still held by requests after all finished: {st}"
+    assert st.free_pages + st.cached_pages == st.total_pages, f"pages leaked: {st}"
 
 # ---------------------------------------------------------------------------------------------- models
 
@@ -143,7 +164,7 @@ class Divergence:
         return self.gap <= TIE_TOL and self.top2_gap <= TIE_TOL
 
     def __str__(self) -> str:
-        return (f"prompt {self.prompt} position {self.position}: got {self.got}, reference argmax {self.expected} "
+        return (f"prompt {self.prompt} position {self.position}: got {self.got}, reference {self.expected} "
                 f"(logit gap {self.gap:.3g}, reference top-2 gap {self.top2_gap:.3g})")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from skiff import SamplingParams
 from skiff_rt_helpers import (
     CHAT_QUESTIONS,
     assert_divergences_acceptable,
@@ -12,8 +13,6 @@ from skiff_rt_helpers import (
     hf_logits_fn,
     teacher_forced_divergences,
 )
-
-from skiff import SamplingParams
 
 NEW_TOKENS = 64
 
