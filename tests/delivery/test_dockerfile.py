@@ -65,7 +65,10 @@ def test_runtime_target():
     assert re.search(r"^ARG CUDA_IMAGE=nvidia/cuda:[0-9.]+-\S+$", DOCKERFILE.read_text(), re.M)
     assert re.search(r"^USER \$\{SKIFF_UID\}", runtime, re.M) and "SKIFF_UID=10001" in runtime
     assert 'ENTRYPOINT ["/usr/bin/tini", "--", "skiff", "serve"]' in runtime
-    assert 'VOLUME ["/var/cache/skiff"]' in runtime
+    assert 'VOLUME ["/var/cache/skiff"]' in runtime and re.search(r"^\s+HOME=/var/cache/skiff$", runtime, re.M)
+    # Pods run with a read-only root and HOME=/tmp: a cache path pinned by the image would be unwritable.
+    for pinned in ("SKIFF_CACHE_DIR", "HF_HOME", "XDG_CACHE_HOME", "FLASHINFER_WORKSPACE_BASE"):
+        assert pinned not in runtime, pinned
     cmds = pip_commands(runtime, arg_defaults(runtime))
     assert any(c.endswith("flashinfer-python==0.7.2.post1") for c in cmds), cmds
 
