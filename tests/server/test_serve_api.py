@@ -32,7 +32,7 @@ def test_greedy_chat_answers_paris(client: openai.OpenAI) -> None:
 
 
 def test_stream_equals_non_stream(client: openai.OpenAI) -> None:
-    kw = dict(model="SmolLM2-135M-Instruct", temperature=0, max_tokens=40)
+    kw = dict(model="SmolLM2-135M-Instruct", temperature=0, max_tokens=24)
     full = client.chat.completions.create(messages=[{"role": "user", "content": "Write a haiku about the sea."}], **kw)
     chunks = list(client.chat.completions.create(
         messages=[{"role": "user", "content": "Write a haiku about the sea."}], stream=True,
@@ -47,9 +47,9 @@ def test_stream_equals_non_stream(client: openai.OpenAI) -> None:
 
     # the same through /v1/completions with a text prompt
     prompt = "The three primary colours are"
-    c_full = client.completions.create(model="SmolLM2-135M-Instruct", prompt=prompt, temperature=0, max_tokens=24)
+    c_full = client.completions.create(model="SmolLM2-135M-Instruct", prompt=prompt, temperature=0, max_tokens=12)
     c_text = "".join(c.choices[0].text for c in client.completions.create(
-        model="SmolLM2-135M-Instruct", prompt=prompt, temperature=0, max_tokens=24, stream=True) if c.choices)
+        model="SmolLM2-135M-Instruct", prompt=prompt, temperature=0, max_tokens=12, stream=True) if c.choices)
     assert c_text == c_full.choices[0].text
 
 
@@ -157,7 +157,7 @@ def test_200_concurrent_streams_then_no_page_leak(server: ServerProcess) -> None
     aclient = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=server.api_key, timeout=300, max_retries=0)
 
     async def one(i: int) -> tuple[int, int, str]:
-        max_tokens = 4 + i % 9
+        max_tokens = 2 + i % 5
         stream = await aclient.completions.create(
             model="SmolLM2-135M-Instruct", prompt=f"Request number {i}: the weather today is", max_tokens=max_tokens,
             temperature=0.8, seed=i, stream=True, stream_options={"include_usage": True},

@@ -98,6 +98,12 @@ class EngineClient:
             if msg["t"] == P.READY:
                 pending.discard(msg["who"])
                 self._absorb_ready(msg)
+                elapsed = timeout - (deadline - time.monotonic())
+                detail = ""
+                if msg["who"] == "scheduler":
+                    detail = (f": {msg.get('total_pages', 0)} KV pages of {msg.get('page_size', '?')} tokens, "
+                              f"context {msg['max_context_len']}")
+                print(f"  {msg['who']} ready after {elapsed:.1f} s{detail}", flush=True)
             elif msg["t"] == P.STATS:
                 self._on_stats(msg["stats"])
         self.to_scheduler = P.push_socket(self.ctx, self.endpoints.scheduler)

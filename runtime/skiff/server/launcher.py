@@ -117,7 +117,8 @@ class Pod:
             print(f"skiff serve: startup failed: {e}", file=sys.stderr, flush=True)
             client.close()
             return 1
-        metrics.set_cache_config(self.args.engine.page_size, int(client.stats.get("total_pages", 0)))
+        metrics.set_cache_config(int(client.stats.get("page_size", self.args.engine.page_size)),
+                                 int(client.stats.get("total_pages", 0)))
         client.info.pids = {name: int(proc.pid or 0) for name, proc in self.procs.items()}
         client.start()
         app = create_app(self.args, client)
