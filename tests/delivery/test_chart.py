@@ -74,7 +74,12 @@ def test_aggregated_roles(rendered):
 
 def test_namespaced_rbac_has_no_cluster_grants(rendered):
     objs = rendered["namespaced-rbac-values"]
-    assert not find(objs, "ClusterRole", "skiff-operator") and not find(objs, "ClusterRoleBinding")
+    assert not find(objs, "ClusterRole", "skiff-operator")
+    # The one cluster-wide grant: read-only namespaces and CRDs, which kopf lists even when namespaced.
+    (reads,) = find(objs, "ClusterRole", "skiff-operator-cluster-reads")
+    assert {r for rule in reads["rules"] for r in rule["resources"]} == {"namespaces", "customresourcedefinitions"}
+    assert {v for rule in reads["rules"] for v in rule["verbs"]} == {"get", "list", "watch"}
+    assert [b["metadata"]["name"] for b in find(objs, "ClusterRoleBinding")] == ["skiff-operator-cluster-reads"]
     roles = find(objs, "Role", "skiff-operator")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     for b in find(objs, "RoleBinding", "skiff-operator"):
@@ -91,7 +96,7 @@ def test_namespaced_router_watches_its_namespace():
     args = find(objs, "Deployment", "skiff-router")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=ml" in args
     (role,) = find(objs, "Role", "skiff-router")
-    assert role["metadata"]["namespace"] == "ml" and not find(objs, "ClusterRoleBinding")
+    assert role["metadata"]["namespace"] == "ml" and not find(objs, "ClusterRoleBinding", "skiff-router")
     verbs = {v for r in role["rules"] for v in r["verbs"]}
     assert verbs == {"get", "list", "watch", "patch"}  # patch: only inferenceservices/scale (scale from zero)
 

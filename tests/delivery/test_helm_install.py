@@ -10,6 +10,7 @@ the kubeVersion line, the CRD's CEL rules, and empty-string defaults (1.20 store
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -100,6 +101,53 @@ def test_unmodified_chart_is_refused_on_kube_version(cluster):
         cfg.install(str(CHART), "refused", {}, namespace=NAMESPACE, create_namespace=True)
 
 
+@contextlib.contextmanager
+def installed_operator(cluster, clients, tmp_path: Path, health: int):
+    """Runs the installed operator Deployment's container as a local process: its command line (after the
+    kubelet's $(VAR) expansion) and its ServiceAccount's token. Yields the log path."""
+    operator = clients["apps"].read_namespaced_deployment("skiff-operator", NAMESPACE)
+    container = operator.spec.template.spec.containers[0]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+    env["KUBECONFIG"] = str(service_account_kubeconfig(cluster, clients, operator, tmp_path))
+    log = tmp_path / "operator.log"
+    kubelet = FakeKubelet(clients["core"], MODELS_NS)
+    kubelet.start()
+    command = [a.replace("$$", "$") for a in container.command]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([*command, *container.args], stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    try:
+        wait_for("the operator's liveness endpoint", lambda: _healthy(health), timeout=60, log=log)
+        yield log
+        assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+        assert "Forbidden" not in log.read_text(errors="replace"), log.read_text(errors="replace")[-3000:]
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        kubelet.stop()
+
+
+def reconcile_example(clients, log: Path, name: str) -> dict:
+    """Creates the embedded-CPU example as `name` and waits for its children and Ready."""
+    example = yaml.safe_load((ROOT / "manifests" / "examples" / "embedded-cpu.yaml").read_text())
+    example["metadata"]["name"] = name
+    clients["custom"].create_namespaced_custom_object("skiff.dev", "v1alpha1", MODELS_NS, "inferenceservices", example)
+    dep = wait_for("the model Deployment", lambda: _get(
+        lambda: clients["apps"].read_namespaced_deployment(name, MODELS_NS)), log=log)
+    owner = dep.metadata.owner_references[0]
+    assert (owner.kind, owner.name, owner.controller) == ("InferenceService", name, True)
+    assert dep.spec.template.spec.containers[0].image == "ghcr.io/skiff-project/skiff:0.1.0"
+    wait_for("the model Service", lambda: _get(lambda: clients["core"].read_namespaced_service(name, MODELS_NS)),
+             log=log)
+    isvc = wait_for("the InferenceService to be Ready", lambda: _ready(clients, name), timeout=90, log=log)
+    assert isvc["status"]["readyReplicas"] == 1
+    return isvc
+
+
 def test_install_then_operator_reconciles_an_example(cluster, clients, tmp_path):
     import helm_python as helm
 
@@ -114,52 +162,44 @@ def test_install_then_operator_reconciles_an_example(cluster, clients, tmp_path)
             (c for c in [ext.read_custom_resource_definition("inferenceservices.skiff.dev")]
              if any(s.type == "Established" and s.status == "True" for s in c.status.conditions or [])), None))
         assert crd.metadata.annotations["helm.sh/resource-policy"] == "keep"
-        operator = clients["apps"].read_namespaced_deployment("skiff-operator", NAMESPACE)
         clients["apps"].read_namespaced_deployment("skiff-router", NAMESPACE)
-        container = operator.spec.template.spec.containers[0]
-
-        kubeconfig = service_account_kubeconfig(cluster, clients, operator, tmp_path)
-
         clients["core"].create_namespace({"metadata": {"name": MODELS_NS}})
-        example = yaml.safe_load((ROOT / "manifests" / "examples" / "embedded-cpu.yaml").read_text())
-        name = example["metadata"]["name"]
-        log = tmp_path / "operator.log"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
-        env["KUBECONFIG"] = str(kubeconfig)
-        kubelet = FakeKubelet(clients["core"], MODELS_NS)
-        kubelet.start()
-        with open(log, "wb") as out:
-            command = [a.replace("$$", "$") for a in container.command]  # the kubelet's $(VAR) expansion
-            proc = subprocess.Popen([*command, *container.args], stdout=out, stderr=subprocess.STDOUT, env=env,
-                                    start_new_session=True)
-        try:
-            wait_for("the operator's liveness endpoint", lambda: _healthy(health), timeout=60, log=log)
-            clients["custom"].create_namespaced_custom_object("skiff.dev", "v1alpha1", MODELS_NS,
-                                                              "inferenceservices", example)
-            dep = wait_for("the model Deployment", lambda: _get(
-                lambda: clients["apps"].read_namespaced_deployment(name, MODELS_NS)), log=log)
-            owner = dep.metadata.owner_references[0]
-            assert (owner.kind, owner.name, owner.controller) == ("InferenceService", name, True)
-            assert dep.spec.template.spec.containers[0].image == "ghcr.io/skiff-project/skiff:0.1.0"
-            wait_for("the model Service", lambda: _get(lambda: clients["core"].read_namespaced_service(name, MODELS_NS)),
-                     log=log)
-            isvc = wait_for("the InferenceService to be Ready", lambda: _ready(clients, name), timeout=90, log=log)
-            assert isvc["status"]["readyReplicas"] == 1
-            assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
-            assert "Forbidden" not in log.read_text(errors="replace"), log.read_text(errors="replace")[-3000:]
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            kubelet.stop()
-
+        with installed_operator(cluster, clients, tmp_path, health) as log:
+            reconcile_example(clients, log, "smollm2")
         cfg.uninstall(RELEASE)
     assert _get(lambda: clients["apps"].read_namespaced_deployment("skiff-operator", NAMESPACE)) is None
     ext.read_custom_resource_definition("inferenceservices.skiff.dev")  # kept
-    clients["custom"].get_namespaced_custom_object("skiff.dev", "v1alpha1", MODELS_NS, "inferenceservices", name)
+    clients["custom"].get_namespaced_custom_object("skiff.dev", "v1alpha1", MODELS_NS, "inferenceservices", "smollm2")
+
+
+def test_reinstall_namespaced_adopts_the_kept_crd(cluster, clients, tmp_path):
+    """The documented path after an uninstall: the same release installs again and takes the kept CRD
+    back; here with least-privilege RBAC (Roles in the watched namespace, kopf peering per namespace)."""
+    import helm_python as helm
+
+    chart = chart_for_test_server(tmp_path)
+    health = free_port()
+    values = {"operator": {"healthPort": health, "watchNamespaces": [MODELS_NS]}, "rbac": {"clusterWide": False}}
+    with helm.Config(kubeconfig_path=str(cluster.kubeconfig), namespace=NAMESPACE) as cfg:
+        if any(r["name"] == RELEASE for r in cfg.list()):
+            cfg.uninstall(RELEASE)  # left over by a failed test above
+        if _get(lambda: clients["core"].read_namespace(MODELS_NS)) is None:
+            clients["core"].create_namespace({"metadata": {"name": MODELS_NS}})
+        assert cfg.install(str(chart), RELEASE, values, namespace=NAMESPACE, timeout=120)["status"] == "deployed"
+        rbac = kubernetes_rbac(clients)
+        assert rbac.read_namespaced_role("skiff-operator", MODELS_NS)
+        assert _get(lambda: rbac.read_cluster_role("skiff-operator")) is None
+        crd = clients["ext"].read_custom_resource_definition("inferenceservices.skiff.dev")
+        assert crd.metadata.annotations["meta.helm.sh/release-name"] == RELEASE
+        with installed_operator(cluster, clients, tmp_path, health) as log:
+            reconcile_example(clients, log, "smollm2-again")
+        cfg.uninstall(RELEASE)
+
+
+def kubernetes_rbac(clients):
+    import kubernetes
+
+    return kubernetes.client.RbacAuthorizationV1Api(clients["core"].api_client)
 
 
 def service_account_kubeconfig(cluster, clients, deployment, tmp_path: Path) -> Path:

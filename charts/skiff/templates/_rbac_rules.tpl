@@ -63,3 +63,13 @@
   resources: [endpointslices]
   verbs: [get, list, watch]
 {{- end }}
+
+{{/* Cluster-scoped reads kopf makes to notice namespaces and CRDs appearing. */}}
+{{- define "skiff.kopfClusterReads" -}}
+- apiGroups: [""]
+  resources: [namespaces]
+  verbs: [get, list, watch]
+- apiGroups: [apiextensions.k8s.io]
+  resources: [customresourcedefinitions]
+  verbs: [get, list, watch]
+{{- end }}
