@@ -94,6 +94,8 @@ async def one(client: httpx.AsyncClient, url: str, model: str, system: str, ques
 async def workload(url: str, model: str, tag: str, a: argparse.Namespace) -> tuple[list[dict], float]:
     jobs = [(system_prompt(tag, t, a.prompt_words), f"Question {q}: how long does it take?")
             for q in range(a.requests_per_tenant) for t in range(a.tenants)]
+    # arrival order shuffled (seeded): a fixed tenant cycle would line up with round robin's cycle
+    random.Random(f"order-{tag}").shuffle(jobs)
     sem = asyncio.Semaphore(a.concurrency)
     async with httpx.AsyncClient(timeout=600) as client:
         async def run(job):

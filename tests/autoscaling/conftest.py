@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -31,20 +32,23 @@ def kube() -> Iterator:
     if not binaries_present():
         pytest.skip("no test kube-apiserver: run scripts/install.d/kube.sh")
     import kubernetes
-    from skiff_operator.crd import crd_manifest
+    from skiff_operator.crd import crd_manifest, peering_crd_manifests
 
     cp = ControlPlane()
     try:
         cp.start()
+        os.environ["SKIFF_TEST_KUBECONFIG"] = str(cp.kubeconfig)
         config = kubernetes.client.Configuration()
         kubernetes.config.load_kube_config(config_file=str(cp.kubeconfig), client_configuration=config)
         client = kubernetes.client.ApiClient(config)
         ext = kubernetes.client.ApiextensionsV1Api(client)
-        crd = crd_manifest()
-        ext.create_custom_resource_definition(crd)
-        wait_for(lambda: any(c.type == "Established" and c.status == "True" for c in
-                             ext.read_custom_resource_definition(crd["metadata"]["name"]).status.conditions or []),
-                 what="CRD established")
+        for crd in [crd_manifest(), *peering_crd_manifests()]:  # kopf waits for its peering CRDs
+            ext.create_custom_resource_definition(crd)
+        for crd in [crd_manifest(), *peering_crd_manifests()]:
+            name = crd["metadata"]["name"]
+            wait_for(lambda name=name: any(c.type == "Established" and c.status == "True" for c in
+                                           ext.read_custom_resource_definition(name).status.conditions or []),
+                     what=f"CRD {name} established")
         yield client
     finally:
         cp.stop()

@@ -106,7 +106,7 @@ class World:
 
 def test_load_scales_up_and_idle_scales_to_zero(kube, tmp_path):
     name = "smol"
-    spec = {"model": {"uri": "hf://org/smol", "servedName": "m"}, "replicas": 0,
+    spec = {"model": {"source": "hf://org/smol", "servedName": "m"}, "replicas": 0,
             "autoscaling": {"mode": "operator", "minReplicas": 0, "maxReplicas": 3, "metric": "queue",
                             "targetPerReplica": 2, "scaleUpStabilizationSeconds": 0,
                             "scaleDownStabilizationSeconds": 10, "maxScaleUpStep": 3, "maxScaleDownStep": 3,
@@ -157,7 +157,7 @@ def test_a_user_hpa_is_never_fought(kube, tmp_path):
     custom = kubernetes.client.CustomObjectsApi(kube)
     custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceService", "metadata": {"name": name},
-        "spec": {"model": {"uri": "hf://org/smol"}, "replicas": 2,
+        "spec": {"model": {"source": "hf://org/smol"}, "replicas": 2,
                  "autoscaling": {"mode": "operator", "minReplicas": 0, "maxReplicas": 3}}})
     kubernetes.client.AutoscalingV1Api(kube).create_namespaced_horizontal_pod_autoscaler(NS, {
         "metadata": {"name": "mine"},

@@ -11,7 +11,7 @@ from skiff_operator.render import desired_children
 def isvc(**autoscaling) -> dict:
     return {"apiVersion": "skiff.dev/v1alpha1", "kind": "InferenceService",
             "metadata": {"name": "smol", "namespace": "ml", "uid": "u-1"},
-            "spec": {"model": {"uri": "hf://org/smol", "servedName": "smol-chat"}, "autoscaling": autoscaling}}
+            "spec": {"model": {"source": "hf://org/smol", "servedName": "smol-chat"}, "autoscaling": autoscaling}}
 
 
 def test_operator_mode_and_no_autoscaling_render_nothing():

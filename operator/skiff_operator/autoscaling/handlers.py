@@ -46,11 +46,14 @@ async def autoscale(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, patch
         return
     previous = dict(status.get("autoscaling") or {})
     patch.status["autoscaling"] = status_patch(outcome, spec["autoscaling"].get("metric", "queue"), previous)
+    uid = body["metadata"]["uid"]
     if outcome.changed:
-        kopf.info(isvc, reason=outcome.decision.reason,
-                  message=f"replicas {outcome.current} -> {outcome.decision.replicas}: {outcome.decision.message}")
-    elif outcome.decision.reason == "ExternalAutoscaler" and previous.get("reason") != "ExternalAutoscaler":
-        kopf.warn(isvc, reason="ExternalAutoscaler", message=outcome.decision.message)
+        # kopf.event, not kopf.info: the operator raises the posting level to WARNING for its own reasons
+        kopf.event(isvc, type="Normal", reason=outcome.decision.reason,
+                   message=f"replicas {outcome.current} -> {outcome.decision.replicas}: {outcome.decision.message}")
+    elif outcome.decision.reason == "ExternalAutoscaler" and scaler.last_reason.get(uid) != "ExternalAutoscaler":
+        kopf.event(isvc, type="Warning", reason="ExternalAutoscaler", message=outcome.decision.message)
+    scaler.last_reason[uid] = outcome.decision.reason
 
 
 @kopf.on.field(*ISVC, field="spec.replicas", when=_autoscaled)

@@ -75,10 +75,12 @@ class Autoscaler:
     router_urls: tuple[str, ...] = ()
     clock: Callable[[], float] = time.monotonic
     history: dict[str, list[Sample]] = field(default_factory=dict)
+    last_reason: dict[str, str] = field(default_factory=dict)  # per uid: one event per episode, not per tick
     timeout: float = 3.0
 
     def forget(self, uid: str) -> None:
         self.history.pop(uid, None)
+        self.last_reason.pop(uid, None)
 
     def sync_deployment(self, isvc: dict) -> bool:
         """With an autoscaler (any mode) the operator's apply leaves Deployment replicas alone; they follow
