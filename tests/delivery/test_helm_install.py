@@ -163,6 +163,17 @@ def test_install_then_operator_reconciles_an_example(cluster, clients, tmp_path)
              if any(s.type == "Established" and s.status == "True" for s in c.status.conditions or [])), None))
         assert crd.metadata.annotations["helm.sh/resource-policy"] == "keep"
         clients["apps"].read_namespaced_deployment("skiff-router", NAMESPACE)
+        # The router cannot run here (1.20 serves no discovery.k8s.io/v1), but the API server's own RBAC
+        # authorizer can say whether its ServiceAccount may make the calls the router makes, and no more.
+        router_sa = f"system:serviceaccount:{NAMESPACE}:skiff-router"
+        for verb, group, resource in [("list", "skiff.dev", "inferenceservices"), ("watch", "skiff.dev", "inferenceservices"),
+                                      ("list", "discovery.k8s.io", "endpointslices"), ("list", "", "secrets"),
+                                      ("get", "", "secrets"), ("list", "", "services"),
+                                      ("patch", "skiff.dev", "inferenceservices/scale")]:
+            assert can(clients, router_sa, verb, group, resource), (verb, group, resource)
+        for verb, group, resource in [("create", "", "secrets"), ("delete", "apps", "deployments"),
+                                      ("patch", "skiff.dev", "inferenceservices"), ("create", "", "pods")]:
+            assert not can(clients, router_sa, verb, group, resource), (verb, group, resource)
         clients["core"].create_namespace({"metadata": {"name": MODELS_NS}})
         with installed_operator(cluster, clients, tmp_path, health) as log:
             reconcile_example(clients, log, "smollm2")
@@ -194,6 +205,19 @@ def test_reinstall_namespaced_adopts_the_kept_crd(cluster, clients, tmp_path):
         with installed_operator(cluster, clients, tmp_path, health) as log:
             reconcile_example(clients, log, "smollm2-again")
         cfg.uninstall(RELEASE)
+
+
+def can(clients, user: str, verb: str, group: str, resource: str, namespace: str = MODELS_NS) -> bool:
+    """A SubjectAccessReview: the API server's RBAC decision for `user`."""
+    import kubernetes
+
+    res, _, sub = resource.partition("/")
+    review = kubernetes.client.V1SubjectAccessReview(spec=kubernetes.client.V1SubjectAccessReviewSpec(
+        user=user, groups=["system:serviceaccounts", f"system:serviceaccounts:{NAMESPACE}", "system:authenticated"],
+        resource_attributes=kubernetes.client.V1ResourceAttributes(
+            verb=verb, group=group, resource=res, subresource=sub or None, namespace=namespace)))
+    api = kubernetes.client.AuthorizationV1Api(clients["core"].api_client)
+    return bool(api.create_subject_access_review(review).status.allowed)
 
 
 def kubernetes_rbac(clients):
