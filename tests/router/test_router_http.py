@@ -104,7 +104,7 @@ def test_stream_passes_through_unbuffered_and_strips_injected_usage(env):
         texts.append(chunk.choices[0].text)
         assert chunk.usage is None  # the router asked for usage itself and keeps that chunk
     assert texts == ["A0 ", "A1 ", "A2 ", "A3 "]
-    assert arrivals[0] < 0.9 and arrivals[-1] > 1.1  # the first chunk came long before the last was made
+    assert arrivals[-1] - arrivals[0] > 0.6  # chunks arrived as made (0.3 s apart), not all at the end
     assert e.metric("skiff_router_tokens_total", model="m", kind="completion") == 4
     # a client that asks for usage gets it
     chunks = list(e.client().chat.completions.create(model="m", messages=[{"role": "user", "content": "a b"}],
@@ -180,7 +180,7 @@ def test_held_request_completes_after_scale_up(env):
 
 
 def test_hold_cap_and_timeout_answer_503_with_retry_after(env):
-    e = env(hold_cap=1, hold_timeout=1.5, retry_after=7)
+    e = env(hold_cap=1, hold_timeout=4, retry_after=7)  # slack: the cap check must land inside the hold
     e.write([{"name": "svc", "models": ["m"], "replicas": 0}])
     first: dict[str, httpx.Response] = {}
     t = threading.Thread(target=lambda: first.setdefault(

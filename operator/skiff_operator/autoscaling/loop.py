@@ -102,7 +102,11 @@ class Autoscaler:
     async def step(self, isvc: dict) -> Outcome | None:
         """Decide and apply for an InferenceService in `mode: operator`; None when it is not ours to scale."""
         meta = isvc["metadata"]
-        spec = parse_spec(isvc.get("spec"))
+        try:
+            spec = parse_spec(isvc.get("spec"))
+        except ValueError as e:  # pydantic's ValidationError; the reconcile handler reports it in conditions
+            log.info("%s/%s: invalid spec, not autoscaling: %s", meta["namespace"], meta["name"], e)
+            return None
         a = spec.autoscaling
         if a is None or a.mode != "operator":
             return None
