@@ -73,21 +73,21 @@ def test_killed_scheduler_fails_health_and_inflight_requests() -> None:
 
 
 def test_sigterm_drains_inflight_requests_then_exits_zero() -> None:
-    srv = ServerProcess(api_key=None).wait_ready()
+    srv = ServerProcess("--grace-period", "300", api_key=None).wait_ready()
     try:
-        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", timeout=120, max_retries=0)
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", timeout=300, max_retries=0)
         results: list = [None] * 4
         started = threading.Event()
         threads = [threading.Thread(target=_stream_until_end, args=(client, results, i, started),
-                                    kwargs=dict(prompt=f"Poem {i}:", max_tokens=48, extra_body={"ignore_eos": True}))
+                                    kwargs=dict(prompt=f"Poem {i}:", max_tokens=16, extra_body={"ignore_eos": True}))
                    for i in range(4)]
         for t in threads:
             t.start()
         assert started.wait(120), srv.log()
         srv.proc.send_signal(signal.SIGTERM)
         for t in threads:
-            t.join(90)
-        assert results == [("finished", "length", 48)] * 4, results
+            t.join(300)
+        assert results == [("finished", "length", 16)] * 4, results
         assert srv.proc.wait(60) == 0, srv.log()
         # and it really is gone: nothing listens any more
         try:

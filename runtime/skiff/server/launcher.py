@@ -95,6 +95,7 @@ class Pod:
         shutil.rmtree(self.ipc_dir, ignore_errors=True)
 
     async def monitor(self, client: EngineClient, server: _Server) -> None:
+        drain_deadline = None
         while True:  # keeps watching during a drain: a child dying then must still fail in-flight work
             problem = self.dead_child() or client.dead
             if problem:
@@ -102,6 +103,11 @@ class Pod:
                 self.exit_code = 1
                 server.should_exit = True
                 return
+            if client.draining and drain_deadline is None:
+                drain_deadline = time.monotonic() + self.args.grace_period
+            if drain_deadline is not None and time.monotonic() > drain_deadline and client.requests:
+                # grace is over: end what is left with an error rather than cutting connections
+                client.fail_all(f"the server is shutting down (grace period of {self.args.grace_period:.0f} s is over)")
             await asyncio.sleep(MONITOR_INTERVAL)
 
     async def serve(self) -> int:
@@ -123,7 +129,7 @@ class Pod:
         client.start()
         app = create_app(self.args, client)
         config = uvicorn.Config(app, host=self.args.host, port=self.args.port, log_level=self.args.log_level,
-                                timeout_graceful_shutdown=int(self.args.grace_period), access_log=False,
+                                timeout_graceful_shutdown=int(self.args.grace_period) + 5, access_log=False,
                                 lifespan="off")
         server = _Server(config, lambda sig: setattr(client, "draining", True))
         watcher = asyncio.ensure_future(self.monitor(client, server))
