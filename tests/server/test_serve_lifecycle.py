@@ -6,6 +6,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -99,16 +100,41 @@ def test_sigterm_drains_inflight_requests_then_exits_zero() -> None:
         srv.stop()
 
 
-def test_tp2_gives_the_same_greedy_answers_as_tp1(server: ServerProcess, client: openai.OpenAI) -> None:
-    tp2 = ServerProcess("--tp", "2", api_key=None).wait_ready()
+def _tiny_llama(root: Path) -> Path:
+    """Random weights in a real Llama layout whose 8 heads / 2 KV heads split over two ranks
+    (the embedded model's 9 heads do not)."""
+    import torch
+    from skiff.embedded import embedded_model_path
+    from skiff.tokenizer import load_tokenizer
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                      num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=2048,
+                      initializer_range=0.1, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    out = root / "tiny-llama"
+    AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(str(out))
+    load_tokenizer(embedded_model_path()).save_pretrained(str(out))
+    return out
+
+
+def test_tp2_gives_the_same_greedy_answers_as_tp1(tmp_path: Path) -> None:
+    model = str(_tiny_llama(tmp_path))
+    servers = [ServerProcess("--model", model, "--tp", str(tp), api_key=None) for tp in (1, 2)]
     try:
-        client2 = openai.OpenAI(base_url=tp2.url + "/v1", api_key="none", timeout=120, max_retries=0)
-        questions = ["What is the capital of France?", "Name three fruits.", "What is 2 + 2?"]
-        for q in questions:
-            kw = dict(model=M, messages=[{"role": "user", "content": q}], temperature=0, max_tokens=24)
-            a1 = client.chat.completions.create(**kw).choices[0].message.content
-            a2 = client2.chat.completions.create(**kw).choices[0].message.content
-            assert a1 == a2, (q, a1, a2)
-        assert tp2.integrity()["ok"]
+        for srv in servers:
+            srv.wait_ready()
+        clients = [openai.OpenAI(base_url=s.url + "/v1", api_key="none", timeout=120, max_retries=0) for s in servers]
+        prompts: list = ["The capital of France is", [17, 400, 9000, 123, 77], "def fibonacci(n):"]
+        answers = [[c.completions.create(model="tiny-llama", prompt=p, temperature=0, max_tokens=16,
+                                         extra_body={"ignore_eos": True}).choices[0].text for p in prompts]
+                   for c in clients]
+        assert answers[0] == answers[1]
+        assert all(answers[0])
+        chats = [c.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "Hi there"}],
+                                           temperature=0, max_tokens=12).choices[0].message.content for c in clients]
+        assert chats[0] == chats[1]
+        assert servers[1].integrity()["ok"]
     finally:
-        assert tp2.stop() == 0
+        codes = [s.stop() for s in servers]
+    assert codes == [0, 0]
