@@ -14,6 +14,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="YAML/JSON file listing services, endpoints and api keys (re-read when it changes)")
     src.add_argument("--namespace", action="append", default=None,
                      help="watch this namespace (repeatable; default: all namespaces)")
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster credentials, else ~/.kube/config)")
     parser.add_argument("--refresh-interval", type=float, default=2.0, help="seconds between discovery refreshes")
     parser.add_argument("--hold-cap", type=int, default=64,
                         help="requests held per model while it has no ready replica; more get 503")
@@ -41,7 +42,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         from skiff.router.kube import KubeSource
 
-        source = KubeSource(namespaces=tuple(args.namespace or ()), interval=args.refresh_interval)
+        source = KubeSource(namespaces=tuple(args.namespace or ()), interval=args.refresh_interval,
+                            kubeconfig=args.kubeconfig)
     for name in ("hold_cap", "max_attempts"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 1")

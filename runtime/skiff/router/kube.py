@@ -116,18 +116,40 @@ class KubeSource:
 
     namespaces: tuple[str, ...] = ()
     interval: float = 2.0
+    kubeconfig: str | None = None  # default: in-cluster service account, else the usual kubeconfig
 
     def __post_init__(self) -> None:
         from kubernetes import client, config
 
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
-        self._api = client.ApiClient()
+        if self.kubeconfig:
+            self._api = config.new_client_from_config(config_file=self.kubeconfig)
+        else:
+            try:
+                config.load_incluster_config()
+            except config.ConfigException:
+                config.load_kube_config()
+            self._api = client.ApiClient()
         self._custom = client.CustomObjectsApi(self._api)
         self._core = client.CoreV1Api(self._api)
-        self._discovery = client.DiscoveryV1Api(self._api)
+        self._slice_version = "v1"
+
+    def _slices(self, namespace: str | None) -> list[dict]:
+        """EndpointSlices labelled for InferenceServices: discovery.k8s.io/v1, or v1beta1 before Kubernetes 1.21."""
+        from kubernetes.client.exceptions import ApiException
+
+        while True:
+            args = ("discovery.k8s.io", self._slice_version)
+            try:
+                if namespace:
+                    out = self._custom.list_namespaced_custom_object(*args, namespace, "endpointslices",
+                                                                     label_selector=ISVC_LABEL)
+                else:
+                    out = self._custom.list_cluster_custom_object(*args, "endpointslices", label_selector=ISVC_LABEL)
+                return out["items"]
+            except ApiException as e:
+                if e.status != 404 or self._slice_version != "v1":
+                    raise
+                self._slice_version = "v1beta1"
 
     def _list(self) -> tuple[list[dict], list[dict], list[dict]]:
         ser = self._api.sanitize_for_serialization
@@ -137,11 +159,11 @@ class KubeSource:
         if self.namespaces:
             for ns in self.namespaces:
                 isvcs += self._custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]
-                slices += self._discovery.list_namespaced_endpoint_slice(ns, label_selector=ISVC_LABEL).items
+                slices += self._slices(ns)
                 secrets += self._core.list_namespaced_secret(ns, label_selector=KEY_LABEL).items
         else:
             isvcs = self._custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
-            slices = self._discovery.list_endpoint_slice_for_all_namespaces(label_selector=ISVC_LABEL).items
+            slices = self._slices(None)
             secrets = self._core.list_secret_for_all_namespaces(label_selector=KEY_LABEL).items
         secret_dicts = [ser(s) for s in secrets]
         have = {(s["metadata"].get("namespace"), s["metadata"]["name"]) for s in secret_dicts}
@@ -154,7 +176,7 @@ class KubeSource:
                     have.add((ns, name))
                 except Exception as e:  # a missing Secret leaves the model key-only with no pod key
                     log.warning("apiKeySecretRef %s/%s unreadable: %s", ns, name, e)
-        return isvcs, [ser(s) for s in slices], secret_dicts
+        return isvcs, slices, secret_dicts
 
     async def refresh(self, registry: Registry, keys: KeyStore) -> None:
         isvcs, slices, secrets = await asyncio.to_thread(self._list)
