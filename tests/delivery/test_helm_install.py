@@ -1,8 +1,8 @@
 """`helm install` of the chart (helm-python-sdk) into a real kube-apiserver (the operator tests' control
 plane, built by scripts/install.d/kube.sh), then the operator, run with the installed Deployment's own
 command line and the installed ServiceAccount's token (so the chart's RBAC is what it gets), reconciles an
-example InferenceService to Ready; `helm uninstall` keeps the CRD and the InferenceService. (The router
-is installed but not run: it reads discovery.k8s.io/v1 EndpointSlices, which 1.20 does not serve.)
+example InferenceService to Ready, and the router (likewise) lists it as ready on /v1/models; `helm
+uninstall` keeps the CRD and the InferenceService.
 
 The test API server is Kubernetes 1.20 and reports version v0.0.0, while the chart claims >= 1.29. So the
 unmodified chart must be refused on its kubeVersion, and the installed copy drops what 1.20 cannot hold:
@@ -163,8 +163,7 @@ def test_install_then_operator_reconciles_an_example(cluster, clients, tmp_path)
              if any(s.type == "Established" and s.status == "True" for s in c.status.conditions or [])), None))
         assert crd.metadata.annotations["helm.sh/resource-policy"] == "keep"
         clients["apps"].read_namespaced_deployment("skiff-router", NAMESPACE)
-        # The router cannot run here (1.20 serves no discovery.k8s.io/v1), but the API server's own RBAC
-        # authorizer can say whether its ServiceAccount may make the calls the router makes, and no more.
+        # The API server's own RBAC authorizer: the router's ServiceAccount may make its calls, and no more.
         router_sa = f"system:serviceaccount:{NAMESPACE}:skiff-router"
         for verb, group, resource in [("list", "skiff.dev", "inferenceservices"), ("watch", "skiff.dev", "inferenceservices"),
                                       ("list", "discovery.k8s.io", "endpointslices"), ("list", "", "secrets"),
@@ -177,6 +176,9 @@ def test_install_then_operator_reconciles_an_example(cluster, clients, tmp_path)
         clients["core"].create_namespace({"metadata": {"name": MODELS_NS}})
         with installed_operator(cluster, clients, tmp_path, health) as log:
             reconcile_example(clients, log, "smollm2")
+            schedule_pods(clients)
+            models = run_installed_router(cluster, clients, tmp_path)
+            assert models == {"smollm2-135m-instruct": 1}, models
         cfg.uninstall(RELEASE)
     assert _get(lambda: clients["apps"].read_namespaced_deployment("skiff-operator", NAMESPACE)) is None
     ext.read_custom_resource_definition("inferenceservices.skiff.dev")  # kept
@@ -205,6 +207,60 @@ def test_reinstall_namespaced_adopts_the_kept_crd(cluster, clients, tmp_path):
         with installed_operator(cluster, clients, tmp_path, health) as log:
             reconcile_example(clients, log, "smollm2-again")
         cfg.uninstall(RELEASE)
+
+
+def schedule_pods(clients) -> None:
+    """The scheduler's part, played: bind the model pods to a Node (the EndpointSlice controller skips
+    pods without one)."""
+    import kubernetes
+
+    core = clients["core"]
+    if _get(lambda: core.read_node("node-1")) is None:
+        core.create_node({"metadata": {"name": "node-1"}})
+    for pod in core.list_namespaced_pod(MODELS_NS, label_selector="skiff.dev/inferenceservice").items:
+        if not pod.spec.node_name:
+            core.create_namespaced_pod_binding(pod.metadata.name, MODELS_NS, kubernetes.client.V1Binding(
+                metadata=kubernetes.client.V1ObjectMeta(name=pod.metadata.name),
+                target=kubernetes.client.V1ObjectReference(kind="Node", name="node-1")), _preload_content=False)
+
+
+def run_installed_router(cluster, clients, tmp_path: Path) -> dict[str, int]:
+    """Runs the installed router Deployment's container (its command line, its ServiceAccount's token; a free
+    port on 127.0.0.1 instead of 0.0.0.0:8080) until /v1/models lists a ready model; returns id -> replicas."""
+    import httpx
+
+    dep = clients["apps"].read_namespaced_deployment("skiff-router", NAMESPACE)
+    c = dep.spec.template.spec.containers[0]
+    port = free_port()
+    args = [f"--port={port}" if a.startswith("--port=") else "--host=127.0.0.1" if a.startswith("--host=") else a
+            for a in c.args]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+    env["KUBECONFIG"] = str(service_account_kubeconfig(cluster, clients, dep, tmp_path))
+    log = tmp_path / "router.log"
+
+    def ready_models() -> dict[str, int] | None:
+        try:
+            r = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5)
+        except httpx.HTTPError:
+            return None
+        got = {m["id"]: m["ready_replicas"] for m in r.json()["data"]} if r.status_code == 200 else {}
+        return got if got and all(got.values()) else None
+
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([*c.command, *args], stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    try:
+        models = wait_for("the router to list a ready model", ready_models, timeout=60, log=log)
+        text = log.read_text(errors="replace")
+        assert "Forbidden" not in text and "discovery failed" not in text, text[-3000:]
+        return models
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def can(clients, user: str, verb: str, group: str, resource: str, namespace: str = MODELS_NS) -> bool:
