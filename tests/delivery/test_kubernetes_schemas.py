@@ -4,13 +4,18 @@ strict: unknown fields fail). Custom resources validate against their CRDs."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import kubernetes_validate
+import kubernetes_validate.utils as kvu
 import pytest
 import yaml
 from crdcheck import validate as validate_cr
 from delivery_helpers import ROOT, claimed_versions, renderer
+
+# kubernetes-validate re-reads the schema files on every call; the files do not change during a run.
+kvu.schema_contents = functools.lru_cache(maxsize=None)(kvu.schema_contents)
 
 # Kinds whose CRDs live outside this project (the Prometheus Operator's); nothing else may lack a schema.
 FOREIGN_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
