@@ -14,7 +14,7 @@ from skiff.config import EngineConfig
 from skiff.distributed.parallel import destroy_tensor_parallel, init_tensor_parallel
 from skiff.engine.model_runner import ModelRunner, resolve_device, resolve_dtype
 from skiff.engine.plan import make_plan, plan_to_batch
-from skiff.engine.sampler import sample
+from skiff.engine.sampler import sample, sample_on_host
 from skiff.engine.tp_workers import PlanPublisher, free_port, spawn_followers
 from skiff.kvcache.manager import CACHE_MANAGERS
 from skiff.loader import read_config, resolve_model_path
@@ -101,6 +101,11 @@ class Engine:
         self._finished: list[StepOutput] = []
         self.prompt_tokens = self.cache_hit_tokens = self.generation_tokens = 0
         self.closed = False
+        self.overlap = None
+        if not cfg.disable_overlap and self.runner.device.type == "cuda" and cfg.tp == 1:
+            from skiff.engine.overlap import OverlapLoop
+
+            self.overlap = OverlapLoop(self)
 
     # ------------------------------------------------------------------------------------------ requests
     def add_request(self, rid: str, input_ids: list[int], params: SamplingParams) -> None:
@@ -125,15 +130,19 @@ class Engine:
     def abort_request(self, rid: str) -> None:
         r = self.scheduler.remove(rid)
         if r is not None:
+            r.finish_reason = "abort"
             self._finished.append(self._output(r, [], "abort"))
 
     @property
     def has_work(self) -> bool:
-        return bool(self.scheduler.waiting or self.scheduler.running or self._finished)
+        pending = self.overlap is not None and self.overlap.pending is not None
+        return bool(self.scheduler.waiting or self.scheduler.running or self._finished or pending)
 
     # ------------------------------------------------------------------------------------------ stepping
     def step(self) -> list[StepOutput]:
         self._check_followers()
+        if self.overlap is not None:
+            return self.overlap.step()
         outputs, self._finished = self._finished, []
         batch = self.scheduler.schedule()
         for r in self.scheduler.starved:
@@ -154,8 +163,9 @@ class Engine:
     def _process(self, batch: ScheduleBatch, logits: torch.Tensor) -> list[StepOutput]:
         sampling = [s for s in batch.seqs if s.samples]
         reqs = [s.req for s in sampling]
-        result = sample(logits, [r.params for r in reqs], [r.generator for r in reqs],
-                        [r.prompt_ids for r in reqs], [r.output_ids for r in reqs]) if reqs else None
+        sampler = sample_on_host if logits.is_cuda else sample
+        result = sampler(logits, [r.params for r in reqs], [r.generator for r in reqs],
+                         [r.prompt_ids for r in reqs], [r.output_ids for r in reqs]) if reqs else None
         for s in batch.seqs:
             s.req.kv_len = s.start + s.q_len
             if not s.req.prompt_cached and s.req.kv_len >= len(s.req.prompt_ids):
@@ -177,19 +187,20 @@ class Engine:
             outputs.append(self._output(r, [token], reason, lp, top))
         return outputs
 
-    def _finish_reason(self, r: Req, token: int) -> str | None:
+    def _finish_reason(self, r: Req, token: int, num_output: int | None = None) -> str | None:
         p = r.params
         if (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:
             r.matched_stop = token
             return "stop"
-        if len(r.output_ids) >= p.max_tokens or r.seq_len >= self.max_context_len:
+        n = len(r.output_ids) if num_output is None else num_output  # overlap: placeholders not counted
+        if n >= p.max_tokens or len(r.prompt_ids) + n >= self.max_context_len:
             return "length"
         return None
 
     def _output(self, r: Req, tokens: list[int], reason: str | None, lp: list[float] | None = None,
-                top: list[dict[int, float]] | None = None) -> StepOutput:
+                top: list[dict[int, float]] | None = None, num_output: int | None = None) -> StepOutput:
         return StepOutput(r.rid, tokens, lp, top, reason, r.matched_stop if reason == "stop" else None,  # type: ignore[arg-type]
-                          len(r.prompt_ids), r.cached_tokens, len(r.output_ids))
+                          len(r.prompt_ids), r.cached_tokens, len(r.output_ids) if num_output is None else num_output)
 
     # ------------------------------------------------------------------------------------------ inspection
     def prefill_logits(self, token_ids: list[int]) -> torch.Tensor:

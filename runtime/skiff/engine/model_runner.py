@@ -54,6 +54,14 @@ class ModelRunner:
         if backend == "auto":
             backend = "flashinfer" if device.type == "cuda" and _has_flashinfer() else "torch"
         self.backend = get_backend(backend)(self.pool, self.num_heads, self.num_kv_heads, model_cfg.head_dim)
+        self.graphs = None
+        if (device.type == "cuda" and cfg.cuda_graph_max_bs > 0 and hasattr(self.backend, "prepare_graph")
+                and tp_info().size == 1):
+            from skiff.engine.cuda_graph import DecodeGraphs
+
+            max_context = min(cfg.context_length or model_cfg.max_position, model_cfg.max_position)
+            self.graphs = DecodeGraphs(self, min(cfg.cuda_graph_max_bs, cfg.max_running_requests), max_context)
+            self.graphs.capture()
 
     def _num_pages(self) -> int:
         per_token = KVPool.bytes_per_token(self.model_cfg.num_layers, self.num_kv_heads, self.model_cfg.head_dim,
@@ -76,6 +84,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        if self.graphs is not None and self.graphs.can_run(batch):
+            return self.graphs.replay(batch)
         self.backend.prepare(batch)
         hidden = self.model(batch.input_ids, batch.positions, self.backend)
         return self.model.compute_logits(hidden.index_select(0, batch.logit_rows))

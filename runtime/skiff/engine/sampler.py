@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from skiff.layers import fused
 from skiff.params import SamplingParams
 
 
@@ -91,3 +92,102 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
             if p.top_logprobs:
                 tops[i] = dict(zip(ids[i, : p.top_logprobs].tolist(), values[i, : p.top_logprobs].tolist(), strict=True))
     return SampleResult(token_list, chosen, tops)
+
+
+# ------------------------------------------------------------------------------------------ GPU path
+def _to_device(values: list[float] | list[int], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """Host list -> device tensor without a stream sync (torch.tensor(..., device=cuda) would sync)."""
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+
+def _scaled_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """softmax(logits / T) without host syncs: a shared temperature divides by a scalar."""
+    temps = [p.temperature for p in params]
+    if len(set(temps)) == 1:
+        return torch.softmax(logits / temps[0], dim=-1)
+    return torch.softmax(logits / _to_device(temps, logits.device, logits.dtype).unsqueeze(1), dim=-1)
+
+
+@dataclass
+class DeviceSample:
+    """Sampled tokens kept on the GPU (the next batch reads them there) and copied to pinned host memory."""
+
+    tokens: torch.Tensor  # [N] int64 on the device
+    host: torch.Tensor  # [N] int64 pinned
+    done: torch.cuda.Event | None  # None on the CPU, where tokens are ready at once
+    logprobs: torch.Tensor | None
+    params: list[SamplingParams]
+
+    def resolve(self) -> SampleResult:
+        if self.done is not None:
+            self.done.synchronize()
+        token_list = self.host.tolist()
+        if self.logprobs is None:
+            return SampleResult(token_list, None, None)
+        chosen = self.logprobs.gather(1, self.tokens.unsqueeze(1)).squeeze(1).tolist()
+        tops: list[dict[int, float]] = [{} for _ in token_list]
+        width = max(p.top_logprobs for p in self.params)
+        if width:
+            values, ids = self.logprobs.topk(width, dim=-1)
+            for i, p in enumerate(self.params):
+                if p.top_logprobs:
+                    tops[i] = dict(zip(ids[i, : p.top_logprobs].tolist(), values[i, : p.top_logprobs].tolist(),
+                                       strict=True))
+        return SampleResult(token_list, chosen, tops)
+
+
+def sample_device(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
+                  prompts: list[list[int]], outputs: list[list[int]]) -> DeviceSample:
+    """The GPU sampler: same distribution as `sample`, one noise draw for unseeded rows, no host sync."""
+    want_logprobs = any(p.logprobs or p.top_logprobs for p in params)
+    raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
+    if any(p.needs_penalties for p in params):
+        logits = logits.clone()  # an inference tensor (and maybe a CUDA graph's output): not updated in place
+        apply_penalties(logits, params, prompts, outputs)
+    sampled = [i for i, p in enumerate(params) if not p.greedy]
+    if len(sampled) == len(params):
+        tokens = _sample_rows(logits, params, generators)
+    else:
+        tokens = logits.argmax(dim=-1)
+        if sampled:
+            idx = _to_device(sampled, logits.device, torch.int64)
+            rows = _sample_rows(logits.index_select(0, idx), [params[i] for i in sampled],
+                                [generators[i] for i in sampled])
+            tokens.index_copy_(0, idx, rows)
+    if not tokens.is_cuda:
+        return DeviceSample(tokens, tokens, None, raw_logprobs, params)
+    host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+    host.copy_(tokens, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    return DeviceSample(tokens, host, done, raw_logprobs, params)
+
+
+def _sample_rows(logits: torch.Tensor, params: list[SamplingParams],
+                 generators: list[torch.Generator | None]) -> torch.Tensor:
+    unseeded = all(g is None for g in generators)
+    truncated = any(p.top_k > 0 for p in params) or any(p.top_p < 1.0 for p in params)
+    if truncated and unseeded and not any(p.min_p > 0 for p in params):
+        fi = fused._flashinfer()
+        if fi is not None:  # FlashInfer's rejection sampler: top-k/top-p without sorting the vocabulary
+            vocab = logits.shape[-1]
+            ks = _to_device([p.top_k if p.top_k > 0 else vocab for p in params], logits.device, torch.int32)
+            ps = _to_device([p.top_p for p in params], logits.device, torch.float32)
+            return fi.top_k_top_p_sampling_from_probs(_scaled_probs(logits, params), ks, ps).long()
+    if truncated or any(p.min_p > 0 for p in params):
+        probs = _filter(logits, params)  # sort-based filtering, as on the CPU
+    else:
+        probs = _scaled_probs(logits, params)
+    if unseeded:
+        noise = torch.empty_like(probs).exponential_()
+    else:
+        noise = torch.empty_like(probs)
+        for row, g in enumerate(generators):
+            noise[row].exponential_(generator=g)
+    return (probs / noise).argmax(dim=-1)
+
+
+def sample_on_host(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
+                   prompts: list[list[int]], outputs: list[list[int]]) -> SampleResult:
+    """GPU logits, results on the host now (no overlap)."""
+    return sample_device(logits, params, generators, prompts, outputs).resolve()

@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from skiff.layers import fused
+
 
 @dataclass(frozen=True)
 class RopeConfig:
@@ -92,6 +94,10 @@ class RotaryEmbedding(nn.Module):
         cos, sin = self.cos_sin.index_select(0, positions).chunk(2, dim=-1)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+
+    def forward_inplace(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> None:
+        """GPU: q [T, Hq*D], k [T, Hk*D] rotated in place by the fused kernel."""
+        fused.rope_inplace(positions, q, k, self.head_dim, self.cos_sin)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         rot = x[..., : self.rotary_dim].float()

@@ -11,6 +11,7 @@ from torch import nn
 
 from skiff.attention.base import AttentionBackend
 from skiff.distributed.parallel import tp_info
+from skiff.layers import fused
 from skiff.layers.activation import silu_and_mul
 from skiff.layers.linear import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from skiff.layers.norm import RMSNorm
@@ -45,6 +46,8 @@ class Attention(nn.Module):
                 backend: AttentionBackend) -> torch.Tensor:
         t = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_width, self.kv_width, self.kv_width], dim=-1)
+        if fused.enabled(x):
+            return self._forward_fused(positions, q, k, v, rotary, backend)
         q = q.reshape(t, self.num_heads, self.head_dim)
         k = k.reshape(t, self.num_kv_heads, self.head_dim)
         v = v.reshape(t, self.num_kv_heads, self.head_dim)
@@ -52,6 +55,19 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotary(positions, q, k)
         out = backend.forward(q, k, v, self.layer_id)
+        return self.o_proj(out.reshape(t, self.q_width))
+
+
+    def _forward_fused(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       rotary: RotaryEmbedding, backend: AttentionBackend) -> torch.Tensor:
+        """GPU: q/k/v are column views of the fused projection; norm and rope run as single kernels."""
+        t = q.shape[0]
+        if self.q_norm is not None and self.k_norm is not None:
+            q = self.q_norm(q.view(t, self.num_heads, self.head_dim)).view(t, self.q_width)
+            k = self.k_norm(k.view(t, self.num_kv_heads, self.head_dim)).view(t, self.kv_width)
+        rotary.forward_inplace(positions, q, k)
+        out = backend.forward(q.view(t, self.num_heads, self.head_dim), k.view(t, self.num_kv_heads, self.head_dim),
+                              v.view(t, self.num_kv_heads, self.head_dim), self.layer_id)
         return self.o_proj(out.reshape(t, self.q_width))
 
 
