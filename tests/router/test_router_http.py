@@ -191,6 +191,8 @@ def test_hold_cap_and_timeout_answer_503_with_retry_after(env):
     over = httpx.post(e.url + "/v1/completions", json={"model": "m", "prompt": "y"}, timeout=10)
     assert over.status_code == 503 and over.headers["retry-after"] == "7"
     assert over.json()["error"]["code"] == "hold_cap"
+    over_stream = httpx.post(e.url + "/v1/completions", json={"model": "m", "prompt": "y", "stream": True}, timeout=10)
+    assert over_stream.status_code == 503 and over_stream.headers["retry-after"] == "7"  # a real 503, not SSE
     t.join(timeout=10)
     assert first["r"].status_code == 503 and first["r"].headers["retry-after"] == "7"
     assert first["r"].json()["error"]["code"] == "hold_timeout"

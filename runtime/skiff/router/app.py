@@ -118,6 +118,10 @@ class Router:
         routing_key = prefix_key(body, pool.spec.prefix_chars)
         ctx = _Ctx(model, path, body, routing_key, key, rl_headers, arrived, strip_usage)
         if stream and not pool.endpoints:
+            if self.holder.held_for(model) >= self.config.hold_cap:  # refuse with a real 503 before the 200
+                self.metrics.rejected.labels(model=model, reason="hold_cap").inc()
+                return error(503, f"model {model!r} has no ready replica and {self.config.hold_cap} requests are "
+                             "already waiting", "hold_cap", {"Retry-After": str(self.config.retry_after)} | rl_headers)
             # held before any backend answers: the client gets 200 + SSE comments now, the backend's bytes later
             return StreamingResponse(self._held_stream(ctx), media_type="text/event-stream", headers=rl_headers)
         try:
