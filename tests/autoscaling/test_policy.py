@@ -105,3 +105,11 @@ def test_from_spec_reads_the_crd_fields():
                           "scaleDownStabilizationSeconds": 50, "maxScaleUpStep": 2, "maxScaleDownStep": 3,
                           "idleToZeroSeconds": 90})
     assert p == Policy(0, 3, 2.0, 5.0, 50.0, 2, 3, 90.0) and p.horizon == 90.0
+
+
+def test_running_work_blocks_idle_to_zero_even_when_the_metric_is_zero():
+    # metric `queue` is 0 throughout, but a long request is running: never to zero while it runs
+    busy = [Sample(t, 0.0, 1, active=1.0) for t in range(0, 150, 15)]
+    assert decide(Z, busy, 1, 135).replicas == 1
+    done = busy + [Sample(t, 0.0, 1, active=0.0) for t in range(150, 225, 15)]
+    assert decide(Z, done, 1, 210).reason == "IdleToZero"

@@ -57,5 +57,6 @@ def test_read_load_over_http_with_an_unreachable_pod():
 
     queue = asyncio.run(go("queue"))
     assert (queue.load, queue.ready, queue.held) == (5.0, 1, 2.0)  # 3 queued + 2 held; one pod did not answer
+    assert queue.active == 12.0  # 3 queued + 2 running on the pod, 5 in flight + 2 held at the router
     concurrency = asyncio.run(go("concurrency"))
     assert concurrency.load == 7.0  # in-flight 5 + held 2, from the router only

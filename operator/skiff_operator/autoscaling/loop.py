@@ -123,7 +123,7 @@ class Autoscaler:
             reading = await read_load(client, a.metric, pod_dicts, served_name(isvc, spec), list(self.router_urls))
         now = self.clock()
         samples = self.history.setdefault(meta["uid"], [])
-        samples.append(Sample(now, reading.load, reading.ready))
+        samples.append(Sample(now, reading.load, reading.ready, reading.active))
         horizon = policy.horizon + 60.0
         while samples and samples[0].time < now - horizon:
             samples.pop(0)

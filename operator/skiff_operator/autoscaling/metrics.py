@@ -19,3 +19,5 @@ SIGNALS: dict[str, Signal] = {
     "concurrency": Signal(None, "skiff_router_concurrency", ("skiff_router_inflight", "skiff_router_held")),
 }
 HELD = "skiff_router_held"  # requests waiting at the router: load even at zero replicas, whatever the metric
+INFLIGHT = "skiff_router_inflight"
+RUNNING, QUEUED = "sglang:num_running_reqs", "sglang:num_queue_reqs"  # "any work" for idle-to-zero

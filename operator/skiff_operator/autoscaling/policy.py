@@ -7,8 +7,8 @@ pods (plus the requests the router holds). Then, like the HPA's behavior field:
 - a scale-down waits until the history covers the whole window (a new leader with no history never scales
   down) and until every current replica is ready (a starting pod's load is not visible yet);
 - each decision moves at most maxScaleUpStep / maxScaleDownStep replicas;
-- with minReplicas 0, the floor is 1 until the load has been zero for idleToZeroSeconds (history covering
-  it); from zero, any load (a held request) scales up at once, without the scale-up window.
+- with minReplicas 0, the floor is 1 until there has been no work at all (running, queued or held; not
+  just a zero metric) for idleToZeroSeconds (history covering it); from zero, any load (a held request) scales up at once, without the scale-up window.
 """
 
 from __future__ import annotations
@@ -61,6 +61,11 @@ class Sample:
     time: float  # seconds, any monotonic origin
     load: float  # the metric summed over ready pods, plus requests held at the router
     ready: int  # ready replicas when sampled
+    active: float | None = None  # any work at all (running + queued + held); None: same as load
+
+    @property
+    def idle(self) -> bool:
+        return (self.load if self.active is None else self.active) <= 0
 
 
 @dataclass(frozen=True)
@@ -104,7 +109,7 @@ def decide(policy: Policy, history: Sequence[Sample], current: int, now: float) 
         return Decision(target, "ScaleFromZero", f"load {latest.load:g} at zero replicas")
     floor = max(p.min_replicas, 1)
     if p.min_replicas == 0 and _covers(history, now, p.idle_to_zero) and all(
-            s.load <= 0 for s in history if s.time >= now - p.idle_to_zero):
+            s.idle for s in history if s.time >= now - p.idle_to_zero):
         floor = 0
     if want > current:
         up = min(recommend(p, s.load) for s in _window(history, now, p.scale_up_window))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from .metrics import HELD, SIGNALS
+from .metrics import HELD, INFLIGHT, QUEUED, RUNNING, SIGNALS
 
 log = logging.getLogger("skiff_operator.autoscaling")
 DEFAULT_PORT = 8000
@@ -53,6 +53,7 @@ class Reading:
     ready: int  # ready pods that answered their /metrics
     held: float  # requests the router holds for this model
     detail: str
+    active: float = 0.0  # all work seen: running + queued on pods, in flight + held at routers
 
 
 async def read_load(client: httpx.AsyncClient, metric: str, pods: list[dict], model: str,
@@ -74,6 +75,8 @@ async def read_load(client: httpx.AsyncClient, metric: str, pods: list[dict], mo
     routers = [t for t in await asyncio.gather(*(scrape(u) for u in router_urls)) if t is not None]
     answered = [t for t in texts if t is not None]
     held = sum(metric_sum(t, HELD, {"model": model}) for t in routers)
+    active = held + sum(metric_sum(t, m) for t in answered for m in (RUNNING, QUEUED)) + sum(
+        metric_sum(t, INFLIGHT, {"model": model}) for t in routers)
     if signal.pod_metric is not None:
         pod_load = sum(metric_sum(t, signal.pod_metric) for t in answered)
         load = pod_load + held
@@ -81,4 +84,4 @@ async def read_load(client: httpx.AsyncClient, metric: str, pods: list[dict], mo
     else:
         load = sum(metric_sum(t, m, {"model": model}) for t in routers for m in signal.router_metrics)
         detail = f"router in-flight+held={load:g} ({len(routers)}/{len(router_urls)} routers answered)"
-    return Reading(load, len(answered), held, detail)
+    return Reading(load, len(answered), held, detail, active)
