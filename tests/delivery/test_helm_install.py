@@ -102,32 +102,41 @@ def test_unmodified_chart_is_refused_on_kube_version(cluster):
 
 
 @contextlib.contextmanager
-def installed_operator(cluster, clients, tmp_path: Path, health: int):
-    """Runs the installed operator Deployment's container as a local process: its command line (after the
-    kubelet's $(VAR) expansion) and its ServiceAccount's token. Yields the log path."""
+def installed_operator(cluster, clients, tmp_path: Path, health: int, replicas: int = 1):
+    """Runs the installed operator Deployment's container as local processes, one per replica: its command
+    line (after the kubelet's $(VAR) expansion; each replica its own health port, as in its own pod) and
+    its ServiceAccount's token. Yields the log paths."""
     operator = clients["apps"].read_namespaced_deployment("skiff-operator", NAMESPACE)
     container = operator.spec.template.spec.containers[0]
     env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
     env["KUBECONFIG"] = str(service_account_kubeconfig(cluster, clients, operator, tmp_path))
-    log = tmp_path / "operator.log"
+    command = [a.replace("$$", "$") for a in container.command]
     kubelet = FakeKubelet(clients["core"], MODELS_NS)
     kubelet.start()
-    command = [a.replace("$$", "$") for a in container.command]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([*command, *container.args], stdout=out, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+    procs, logs = [], []
     try:
-        wait_for("the operator's liveness endpoint", lambda: _healthy(health), timeout=60, log=log)
-        yield log
-        assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
-        assert "Forbidden" not in log.read_text(errors="replace"), log.read_text(errors="replace")[-3000:]
+        for i in range(replicas):
+            port = health if i == 0 else free_port()
+            args = [f"--health-port={port}" if a.startswith("--health-port=") else a for a in container.args]
+            logs.append(tmp_path / f"operator-{i}.log")
+            with open(logs[-1], "wb") as out:
+                procs.append(subprocess.Popen([*command, *args], stdout=out, stderr=subprocess.STDOUT, env=env,
+                                              start_new_session=True))
+            wait_for("the operator's liveness endpoint", lambda p=port: _healthy(p), timeout=60, log=logs[-1])
+        yield logs
+        for proc, log in zip(procs, logs, strict=True):
+            text = log.read_text(errors="replace")
+            assert proc.poll() is None, text[-3000:]
+            assert "Forbidden" not in text, text[-3000:]
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
         kubelet.stop()
 
 
@@ -174,7 +183,7 @@ def test_install_then_operator_reconciles_an_example(cluster, clients, tmp_path)
                                       ("patch", "skiff.dev", "inferenceservices"), ("create", "", "pods")]:
             assert not can(clients, router_sa, verb, group, resource), (verb, group, resource)
         clients["core"].create_namespace({"metadata": {"name": MODELS_NS}})
-        with installed_operator(cluster, clients, tmp_path, health) as log:
+        with installed_operator(cluster, clients, tmp_path, health) as (log,):
             reconcile_example(clients, log, "smollm2")
             schedule_pods(clients)
             models = run_installed_router(cluster, clients, tmp_path)
@@ -187,12 +196,16 @@ def test_install_then_operator_reconciles_an_example(cluster, clients, tmp_path)
 
 def test_reinstall_namespaced_adopts_the_kept_crd(cluster, clients, tmp_path):
     """The documented path after an uninstall: the same release installs again and takes the kept CRD
-    back; here with least-privilege RBAC (Roles in the watched namespace, kopf peering per namespace)."""
+    back; here with least-privilege RBAC (Roles in the watched namespace) and two operator replicas, of
+    which the lower kopf priority stands by."""
     import helm_python as helm
 
     chart = chart_for_test_server(tmp_path)
     health = free_port()
-    values = {"operator": {"healthPort": health, "watchNamespaces": [MODELS_NS]}, "rbac": {"clusterWide": False}}
+    # Two replicas electing one active instance; no PDB (1.20 serves no policy/v1).
+    values = {"operator": {"healthPort": health, "watchNamespaces": [MODELS_NS], "replicas": 2,
+                           "pdb": {"enabled": False}},
+              "rbac": {"clusterWide": False}}
     with helm.Config(kubeconfig_path=str(cluster.kubeconfig), namespace=NAMESPACE) as cfg:
         if any(r["name"] == RELEASE for r in cfg.list()):
             cfg.uninstall(RELEASE)  # left over by a failed test above
@@ -204,8 +217,13 @@ def test_reinstall_namespaced_adopts_the_kept_crd(cluster, clients, tmp_path):
         assert _get(lambda: rbac.read_cluster_role("skiff-operator")) is None
         crd = clients["ext"].read_custom_resource_definition("inferenceservices.skiff.dev")
         assert crd.metadata.annotations["meta.helm.sh/release-name"] == RELEASE
-        with installed_operator(cluster, clients, tmp_path, health) as log:
-            reconcile_example(clients, log, "smollm2-again")
+        with installed_operator(cluster, clients, tmp_path, health, replicas=2) as logs:
+            peering = wait_for("both replicas in the KopfPeering", lambda: _peers(clients), log=logs[1])
+            reconcile_example(clients, logs[0], "smollm2-again")
+            priorities = {p["priority"] for p in peering.values()}
+            assert len(priorities) == 2, peering  # drawn at random: equal priorities would pause both
+            paused = [log for log in logs if "Pausing operations in favour of" in log.read_text(errors="replace")]
+            assert len(paused) == 1, [log.read_text(errors="replace")[-2000:] for log in logs]
         cfg.uninstall(RELEASE)
 
 
@@ -298,6 +316,12 @@ def service_account_kubeconfig(cluster, clients, deployment, tmp_path: Path) -> 
         "users": [{"name": "sa", "user": {"token": token}}],
         "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa"}}]}))
     return path
+
+
+def _peers(clients) -> dict | None:
+    obj = clients["custom"].get_namespaced_custom_object("kopf.dev", "v1", MODELS_NS, "kopfpeerings", "skiff-operator")
+    peers = obj.get("status") or {}
+    return peers if len(peers) == 2 else None
 
 
 def _healthy(port: int) -> bool:
