@@ -68,7 +68,7 @@ def hf_single_stream(tok, input_len: int, output_len: int, seed: int) -> dict:
     from transformers import AutoModelForCausalLM
 
     path = embedded_model_path()
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
     model.eval()
     maker = PromptMaker(tok, random.Random(seed))
     ids = torch.tensor([maker.ids(input_len)])
