@@ -1,0 +1,609 @@
+"""The GPU fast path on one H200: build, check and measure everything in one run.
+
+Sections (each guarded; results land in $OUT/results.json as they come):
+  env        GPU, versions, measured device-to-device copy bandwidth (the floor's denominator)
+  jit        FlashInfer kernels compiled in parallel threads before anything is timed
+  tput_*     the anchors' offline workload (256 seqs, prompts 100-1024, outputs 100-1024, T=0.6, page 256,
+             prefill budget 16384, context 4096, graphs to bs 256) on the Qwen3-0.6B shape, random weights:
+             overlap+graphs (twice), overlap off, graphs off; fraction of the memory floor
+  check_*    Skiff (FlashInfer, CUDA graphs, overlap) vs HF transformers bf16 on the same weights: greedy
+             next-token agreement under teacher forcing (20 prompts x 128 positions), prefill logits, NaN,
+             overlap on/off identical, radix hit vs miss identical, page sizes 1/16/256
+  profile    where one decode step's time goes (torch profiler kernel categories, host phases)
+  big        the Qwen3-8B shape on the same workload
+A short table is printed last. `--cpu` runs every section on tiny shapes with the torch backend (a
+self-test of this script on a machine without a GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import random
+import sys
+import threading
+import time
+import traceback
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
+
+OUT = Path(os.environ.get("OUT") or "/tmp/skiff_gpu_out")
+RESULTS: dict[str, Any] = {}
+T_START = time.perf_counter()
+
+QWEN3_06B = dict(cls="Qwen3Config", vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                 num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+                 rope_theta=1e6, tie_word_embeddings=True, rms_norm_eps=1e-6)
+QWEN3_8B = dict(QWEN3_06B, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                tie_word_embeddings=False)
+LLAMA_1B = dict(cls="LlamaConfig", vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                num_attention_heads=32, num_key_value_heads=8, head_dim=64, max_position_embeddings=131072,
+                rope_theta=500000.0, tie_word_embeddings=True, rms_norm_eps=1e-5,
+                rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                              "original_max_position_embeddings": 8192})
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=16, vocab_size=12000)
+
+
+def log(*args: Any) -> None:
+    print(f"[{time.perf_counter() - T_START:7.1f}s]", *args, flush=True)
+
+
+def save() -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "results.json").write_text(json.dumps(RESULTS, indent=1, default=str))
+
+
+def section(name: str, budget_s: float | None = None):
+    """Decorator-free guard: run fn, record its result or traceback, respect the overall time budget."""
+    def run(fn, *args: Any, **kwargs: Any) -> Any:
+        if budget_s is not None and time.perf_counter() - T_START > budget_s:
+            RESULTS[name] = {"skipped": f"time budget {budget_s:.0f}s spent"}
+            log(f"== {name}: skipped (budget)")
+            save()
+            return None
+        log(f"== {name}")
+        t0 = time.perf_counter()
+        try:
+            value = fn(*args, **kwargs)
+            RESULTS[name] = value
+        except Exception as exc:  # keep going: one broken section must not cost the rest of the run
+            value = None
+            RESULTS[name] = {"error": repr(exc), "traceback": traceback.format_exc()}
+            log(f"!! {name} failed: {exc!r}\n{traceback.format_exc()}")
+        if isinstance(RESULTS[name], dict):
+            RESULTS[name]["section_seconds"] = round(time.perf_counter() - t0, 1)
+        save()
+        return value
+    return run
+
+
+# ---------------------------------------------------------------------------------------------- models
+def hf_config(spec: dict[str, Any], tiny: bool):
+    import transformers
+
+    spec = dict(spec)
+    cls = getattr(transformers, spec.pop("cls"))
+    if tiny:
+        spec.update(TINY)
+        spec.pop("rope_scaling", None) if "Llama" not in cls.__name__ else None
+    return cls(**spec)
+
+
+def build_hf(spec: dict[str, Any], path: Path, args: argparse.Namespace, seed: int = 0):
+    from transformers import AutoModelForCausalLM
+
+    cfg = hf_config(spec, args.cpu)
+    torch.manual_seed(seed)
+    with torch.device(args.device):
+        model = AutoModelForCausalLM.from_config(cfg)
+    model = model.to(args.dtype).eval()
+    model.save_pretrained(path)
+    return model
+
+
+def random_checkpoint(spec: dict[str, Any], path: Path, args: argparse.Namespace):
+    """config.json only; the runner's tensor iterator is swapped for random tensors made on the device."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = hf_config(spec, args.cpu)
+    path.mkdir(parents=True, exist_ok=True)
+    cfg.save_pretrained(path)
+    with torch.device("meta"):
+        meta = AutoModelForCausalLM.from_config(cfg)
+    shapes = [(n, tuple(t.shape)) for n, t in meta.state_dict().items()]
+    gen = torch.Generator(device=args.device).manual_seed(0)
+
+    def tensors(_path: Any, _raw: Any):
+        for name, shape in shapes:
+            if "norm" in name:
+                yield name, torch.ones(shape, dtype=args.dtype, device=args.device)
+            else:
+                t = torch.empty(shape, dtype=args.dtype, device=args.device)
+                yield name, t.normal_(0.0, 0.02, generator=gen)
+    return tensors
+
+
+def make_engine(path: Path, args: argparse.Namespace, **kw: Any):
+    """Engine with fallbacks, so that one broken piece still leaves numbers for the rest."""
+    from skiff.config import EngineConfig
+    from skiff.engine.engine import Engine
+
+    base = dict(model=str(path), device=args.device, dtype="bfloat16" if not args.cpu else "float32",
+                attention_backend="torch" if args.cpu else "flashinfer", page_size=16, seed=0)
+    base.update(kw)
+    free()  # the previous engine (held in reference cycles) must give its KV pool back first
+    attempts = [base, dict(base, cuda_graph_max_bs=0), dict(base, cuda_graph_max_bs=0, attention_backend="torch")]
+    errors = []
+    for cfg_kw in attempts:
+        try:
+            engine = Engine(EngineConfig(**cfg_kw))
+            if args.cpu and not cfg_kw.get("disable_overlap"):
+                from skiff.engine.overlap import OverlapLoop
+
+                engine.overlap = OverlapLoop(engine)  # the CPU self-test exercises the overlap loop too
+            engine.fallback_errors = errors
+            engine.actual_config = {k: v for k, v in cfg_kw.items() if k != "model"}
+            return engine
+        except Exception as exc:
+            errors.append(f"{cfg_kw.get('attention_backend')}/graphs={cfg_kw.get('cuda_graph_max_bs', 256)}: {exc!r}")
+            log("!! engine build failed, falling back:", repr(exc), traceback.format_exc())
+            free()
+    raise RuntimeError(f"no engine could be built: {errors}")
+
+
+def free(*objs: Any) -> None:
+    for o in objs:
+        if o is not None and hasattr(o, "shutdown"):
+            o.shutdown()
+    del objs
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def generate(engine: Any, prompts: list[list[int]], params: list[Any]) -> list[list[int]]:
+    rids = []
+    out: dict[str, list[int]] = {}
+    base = getattr(engine, "_bench_counter", 0)
+    engine._bench_counter = base + len(prompts)
+    for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
+        rid = f"b{base + i}"
+        engine.add_request(rid, p, sp)
+        rids.append(rid)
+        out[rid] = []
+    while engine.has_work:
+        for o in engine.step():
+            if o.rid in out:
+                out[o.rid].extend(o.token_ids)
+    return [out[r] for r in rids]
+
+
+# ---------------------------------------------------------------------------------------------- sections
+def env_section(args: argparse.Namespace) -> dict[str, Any]:
+    info: dict[str, Any] = {"torch": torch.__version__, "python": sys.version.split()[0]}
+    if args.cpu:
+        return info
+    info["gpu"] = torch.cuda.get_device_name()
+    info["gpu_mem_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
+    import flashinfer
+
+    info["flashinfer"] = flashinfer.__version__
+    n = 2**30  # 2 GiB bf16 buffer, copied device to device
+    a = torch.empty(n, dtype=torch.bfloat16, device="cuda").normal_()
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(10):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        b.copy_(a)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    times.sort()
+    info["copy_bandwidth_tbs"] = round(2 * n * 2 / times[len(times) // 2] / 1e12, 3)  # read + write
+    del a, b
+    torch.cuda.empty_cache()
+    return info
+
+
+def jit_section(args: argparse.Namespace) -> dict[str, Any]:
+    """Compile every FlashInfer module the runs use, in parallel threads (nvcc runs outside the GIL)."""
+    import flashinfer
+    from skiff.attention.flashinfer_backend import FlashInferBackend
+    from skiff.kvcache.pool import KVPool
+    from skiff.layers import fused
+
+    dev, bf = "cuda", torch.bfloat16
+    times: dict[str, float] = {}
+
+    def timed(name: str, fn: Any) -> None:
+        t0 = time.perf_counter()
+        try:
+            fn()
+            torch.cuda.synchronize()
+            times[name] = round(time.perf_counter() - t0, 1)
+        except Exception as exc:
+            times[name] = f"error: {exc!r}"
+            log(f"!! jit {name}: {traceback.format_exc()}")
+
+    def norms() -> None:
+        x = torch.randn(8, 1024, dtype=bf, device=dev)
+        w = torch.ones(1024, dtype=bf, device=dev)
+        fused.rms_norm(x, w, 1e-6)
+        fused.rms_norm(x.view(8, 8, 128), w[:128], 1e-6)
+        fused.add_rms_norm(x.clone(), x.clone(), w, 1e-6)
+
+    def rope() -> None:
+        q = torch.randn(8, 16 * 128, dtype=bf, device=dev)
+        k = torch.randn(8, 8 * 128, dtype=bf, device=dev)
+        cs = torch.randn(4096, 128, dtype=torch.float32, device=dev)
+        fused.rope_inplace(torch.arange(8, device=dev), q, k, 128, cs)
+        cs64 = torch.randn(4096, 64, dtype=torch.float32, device=dev)
+        fused.rope_inplace(torch.arange(8, device=dev), q.view(8, -1)[:, :32 * 64], k.view(8, -1)[:, :8 * 64], 64, cs64)
+
+    def act() -> None:
+        fused.silu_and_mul(torch.randn(8, 256, dtype=bf, device=dev))
+
+    def sampling() -> None:
+        probs = torch.softmax(torch.randn(4, 1000, device=dev), -1)
+        flashinfer.top_k_top_p_sampling_from_probs(probs, torch.full((4,), 50, dtype=torch.int32, device=dev),
+                                                   torch.full((4,), 0.9, device=dev))
+
+    def attention(head_dim: int, heads: int) -> Any:
+        def fn() -> None:
+            from skiff.engine.forward_batch import ForwardBatch
+
+            pool = KVPool(1, 8, 16, 8, head_dim, bf, torch.device(dev))
+            be = FlashInferBackend(pool, heads, 8, head_dim)
+            for q_lens, seq_lens, nd in (([1, 1], [5, 9], 2), ([1, 7], [5, 20], 1)):
+                t = sum(q_lens)
+                slots = torch.arange(16, 16 + t, device=dev)
+                fb = ForwardBatch(torch.zeros(t, dtype=torch.long, device=dev), torch.zeros(t, dtype=torch.long, device=dev),
+                                  slots, q_lens, seq_lens, [[1, 2], [3, 4]], nd, torch.arange(t, device=dev), 16)
+                be.prepare(fb)
+                be.forward(torch.randn(t, heads, head_dim, dtype=bf, device=dev),
+                           torch.randn(t, 8, head_dim, dtype=bf, device=dev),
+                           torch.randn(t, 8, head_dim, dtype=bf, device=dev), 0)
+        return fn
+
+    jobs = {"norm": norms, "rope": rope, "silu": act, "sampling": sampling, "attn_hd128": attention(128, 16),
+            "attn_hd64": attention(64, 32)}
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=timed, args=(n, f)) for n, f in jobs.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return {"per_module_s": times, "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def workload(args: argparse.Namespace):
+    from skiff.bench.offline import OfflineWorkload
+    from skiff.params import SamplingParams
+
+    wl = OfflineWorkload()
+    if args.cpu:
+        wl = OfflineWorkload(num_seqs=8, min_input_len=10, max_input_len=60, min_output_len=5, max_output_len=30)
+    prompts, outs = wl.build()
+    params = [SamplingParams(max_tokens=n, temperature=wl.temperature, ignore_eos=True) for n in outs]
+    return prompts, outs, params
+
+
+def floor_seconds(spec: dict[str, Any], prompts: list[list[int]], outs: list[int], bandwidth: float,
+                  args: argparse.Namespace) -> dict[str, float]:
+    """Bytes a perfect engine must read: each decode step's KV of every live sequence, plus the weights once
+    per step (all 256 sequences fit in the pool at once, so the step count is the longest output)."""
+    cfg = hf_config(spec, args.cpu)
+    layers, kv_heads, head_dim = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
+    per_token = 2 * layers * kv_heads * head_dim * 2
+    kv = sum(per_token * (len(p) * n + n * (n - 1) // 2) for p, n in zip(prompts, outs, strict=True))
+    h, inter, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    q, kvw = cfg.num_attention_heads * head_dim, kv_heads * head_dim
+    per_layer = h * (q + 2 * kvw) + q * h + 3 * h * inter
+    weights = 2 * (layers * per_layer + v * h)  # lm head read every step; the embedding rows read are negligible
+    steps = max(outs)
+    total = kv + weights * steps
+    return {"kv_bytes_tb": round(kv / 1e12, 2), "weight_bytes_gb": round(weights / 1e9, 2), "decode_steps": steps,
+            "floor_s": round(total / (bandwidth * 1e12), 2)}
+
+
+def tput_section(path: Path, args: argparse.Namespace, spec: dict[str, Any], label: str, **kw: Any) -> dict[str, Any]:
+    prompts, outs, params = workload(args)
+    t0 = time.perf_counter()
+    cfg_kw = dict(page_size=256, chunked_prefill_size=16384, context_length=4096,
+                  cuda_graph_max_bs=256 if not args.cpu else 0, max_running_requests=256)
+    cfg_kw.update(kw)
+    engine = make_engine(path, args, **cfg_kw)
+    load_s = time.perf_counter() - t0
+    try:
+        from skiff.params import SamplingParams
+
+        generate(engine, prompts[:4], [SamplingParams(max_tokens=8, temperature=0.6, ignore_eos=True)] * 4)
+        if not args.cpu:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        results = generate(engine, prompts, params)
+        wall = time.perf_counter() - t0
+        st = engine.stats()
+        engine.check_integrity()
+        graphs = engine.runner.graphs
+        res = {
+            "label": label, "config": engine.actual_config, "fallbacks": engine.fallback_errors,
+            "wall_s": round(wall, 3), "output_tokens": sum(map(len, results)), "expected_tokens": sum(outs),
+            "output_tok_s": round(sum(map(len, results)) / wall, 1), "load_s": round(load_s, 1),
+            "graph_capture_s": round(graphs.capture_seconds, 1) if graphs is not None else None,
+            "kv_pool_tokens": (engine.runner.num_pages - 1) * engine.cfg.page_size,
+            "preemptions": st.num_preemptions, "overlap": engine.overlap is not None,
+        }
+        bw = (RESULTS.get("env") or {}).get("copy_bandwidth_tbs") or 4.3
+        fl = floor_seconds(spec, prompts, outs, bw, args)
+        res["floor"] = fl
+        res["fraction_of_floor"] = round(fl["floor_s"] / wall, 3)
+        log(f"   {label}: {res['output_tok_s']} tok/s in {wall:.2f}s (floor {fl['floor_s']}s)")
+        return res
+    finally:
+        free(engine)
+
+
+def check_section(path: Path, hf: Any, args: argparse.Namespace, n_prompts: int = 20, n_new: int = 128) -> dict[str, Any]:
+    from skiff.params import SamplingParams
+
+    rng = random.Random(7)
+    vocab = hf.config.vocab_size
+    if args.cpu:
+        n_prompts, n_new = 6, 12
+    prompts = [[rng.randint(0, min(vocab, 10000) - 1) for _ in range(rng.randint(32, 400 if not args.cpu else 40))]
+               for _ in range(n_prompts)]
+    greedy = [SamplingParams(max_tokens=n_new, temperature=0.0, ignore_eos=True) for _ in prompts]
+    res: dict[str, Any] = {}
+    runs: dict[str, list[list[int]]] = {}
+    prefill: list[torch.Tensor] = []
+    for name, kw in (("ps16_overlap", {}), ("ps16_no_overlap", {"disable_overlap": True}), ("ps1", {"page_size": 1}),
+                     ("ps256", {"page_size": 256})):
+        engine = make_engine(path, args, max_total_tokens=200_000, context_length=4096, **kw)
+        try:
+            runs[name] = generate(engine, prompts, greedy)
+            res[f"{name}_config"] = engine.actual_config
+            if engine.fallback_errors:
+                res[f"{name}_fallbacks"] = engine.fallback_errors
+            if name == "ps16_overlap":
+                hits0 = engine.cache_hit_tokens
+                again = generate(engine, prompts, greedy)  # every prompt now hits the radix cache
+                res["radix_hit_tokens"] = engine.cache_hit_tokens - hits0
+                res["radix_hit_vs_miss_identical"] = sum(a == b for a, b in zip(again, runs[name], strict=True))
+                prefill = [engine.prefill_logits(p).float().cpu() for p in prompts[:4]]
+            engine.check_integrity()
+        finally:
+            free(engine)
+            del engine
+    base = runs["ps16_overlap"]
+    res["prompts"] = n_prompts
+    res["positions"] = n_prompts * n_new
+    res["overlap_on_off_identical"] = sum(a == b for a, b in zip(base, runs["ps16_no_overlap"], strict=True))
+    for ps in ("ps1", "ps256"):
+        res[f"{ps}_identical_to_ps16"] = sum(a == b for a, b in zip(base, runs[ps], strict=True))
+    # HF teacher forcing over Skiff's own greedy trajectories
+    agree = ties = total = 0
+    nan = False
+    with torch.no_grad():
+        for p, o in zip(prompts, base, strict=True):
+            ids = torch.tensor([p + o], device=args.device)
+            logits = hf(input_ids=ids).logits[0].float()
+            nan |= bool(torch.isnan(logits).any())
+            pred = logits[len(p) - 1 : len(p) - 1 + len(o)]
+            hf_tok = pred.argmax(-1)
+            mine = torch.tensor(o, device=args.device)
+            same = hf_tok == mine
+            gap = pred.gather(1, hf_tok[:, None])[:, 0] - pred.gather(1, mine[:, None])[:, 0]
+            tol = 1e-2 * pred.abs().amax(-1)
+            agree += int(same.sum())
+            ties += int(((~same) & (gap <= tol)).sum())
+            total += len(o)
+        rel, argmax_agree, n_pos = [], 0, 0
+        for p, mine_logits in zip(prompts[:4], prefill, strict=False):
+            ref = hf(input_ids=torch.tensor([p], device=args.device)).logits[0].float().cpu()
+            rel.append(float((mine_logits - ref).norm() / ref.norm()))
+            argmax_agree += int((mine_logits.argmax(-1) == ref.argmax(-1)).sum())
+            n_pos += len(p)
+            nan |= bool(torch.isnan(mine_logits).any())
+    res["teacher_forced_agreement"] = round(agree / total, 4)
+    res["teacher_forced_agreement_with_near_ties"] = round((agree + ties) / total, 4)
+    res["prefill_logits_rel_err_max"] = round(max(rel), 5) if rel else None
+    res["prefill_argmax_agreement"] = round(argmax_agree / n_pos, 4) if n_pos else None
+    res["nan"] = nan
+    log("  ", {k: v for k, v in res.items() if not k.endswith("config")})
+    return res
+
+
+def profile_section(path: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Steady-state decode at bs 256 (~600-token contexts): kernel time by category and host phases per step."""
+    from skiff.params import SamplingParams
+
+    rng = random.Random(3)
+    n = 256 if not args.cpu else 8
+    prompts = [[rng.randint(0, 9999) for _ in range(rng.randint(400, 800) if not args.cpu else 20)] for _ in range(n)]
+    params = [SamplingParams(max_tokens=80 if not args.cpu else 12, temperature=0.6, ignore_eos=True)] * n
+    engine = make_engine(path, args, page_size=256, chunked_prefill_size=16384, context_length=4096,
+                         cuda_graph_max_bs=256 if not args.cpu else 0)
+    host: dict[str, list[float]] = defaultdict(list)
+
+    def timed(obj: Any, attr: str, key: str) -> None:
+        fn = getattr(obj, attr)
+
+        def wrapper(*a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                host[key].append(time.perf_counter() - t0)
+        setattr(obj, attr, wrapper)
+
+    try:
+        generate(engine, prompts[:4], [SamplingParams(max_tokens=4, temperature=0.6, ignore_eos=True)] * 4)
+        for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
+            engine.add_request(f"prof{i}", p, sp)
+        while any(r.remaining > 1 or not r.output_ids for r in engine.scheduler.running) or engine.scheduler.waiting:
+            engine.step()  # prefill everything first
+        for _ in range(5):
+            engine.step()
+        timed(engine.scheduler, "schedule", "schedule")
+        if engine.overlap is not None:
+            timed(engine.overlap, "_launch", "launch (plan + enqueue forward + sample)")
+            timed(engine.overlap, "_process", "process (wait for tokens + bookkeeping)")
+        timed(engine.runner, "forward", "runner.forward (enqueue)")
+        steps = 30
+        prof = None
+        if not args.cpu:
+            from torch.profiler import ProfilerActivity, profile
+
+            prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+            torch.cuda.synchronize()
+            prof.__enter__()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        if not args.cpu:
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+        res: dict[str, Any] = {"batch": len(engine.scheduler.running), "steps": steps,
+                               "wall_ms_per_step": round(wall / steps * 1e3, 3),
+                               "host_ms_per_step": {k: round(sum(v) / steps * 1e3, 3) for k, v in host.items()}}
+        if prof is not None:
+            prof.__exit__(None, None, None)
+            cats: dict[str, float] = defaultdict(float)
+            top = []
+            for ev in prof.key_averages():
+                dev_us = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+                if not dev_us or ev.key.startswith(("cuda", "aten::", "ProfilerStep")) or ev.key in host:
+                    continue
+                k = ev.key.lower()
+                cat = ("attention" if any(s in k for s in ("prefill", "decode", "attention", "mha", "batchprefill"))
+                       else "gemm" if any(s in k for s in ("gemm", "cutlass", "sm90", "nvjet", "xmma", "cublas", "matmul"))
+                       else "norm" if "norm" in k else "rope" if "rope" in k or "rotary" in k
+                       else "silu_and_mul" if "act_and_mul" in k or "silu" in k
+                       else "kv_write (index_copy)" if "index" in k and "copy" in k
+                       else "sampling (softmax/argmax/exp)" if any(s in k for s in ("softmax", "argmax", "exponential", "reduce", "max"))
+                       else "copy/memset" if any(s in k for s in ("memcpy", "memset", "copy")) else "other")
+                cats[cat] += dev_us / 1e3 / steps
+                top.append((dev_us / 1e3 / steps, ev.key[:90]))
+            top.sort(reverse=True)
+            res["gpu_ms_per_step_by_category"] = {k: round(v, 3) for k, v in sorted(cats.items(), key=lambda x: -x[1])}
+            res["gpu_ms_per_step_total"] = round(sum(cats.values()), 3)
+            res["top_kernels_ms_per_step"] = [(round(t, 3), k) for t, k in top[:15]]
+            prof.export_chrome_trace(str(OUT / "decode_profile_trace.json"))
+        while engine.has_work:
+            engine.step()
+        return res
+    finally:
+        free(engine)
+
+
+# ---------------------------------------------------------------------------------------------- main
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cpu", action="store_true", help="self-test on tiny shapes, torch backend")
+    ap.add_argument("--budget", type=float, default=520.0, help="seconds after which remaining sections are skipped")
+    ap.add_argument("--only", default="", help="comma-separated section names to run (default: all)")
+    args = ap.parse_args()
+    args.device = "cpu" if args.cpu else "cuda"
+    args.dtype = torch.float32 if args.cpu else torch.bfloat16
+    only = set(filter(None, args.only.split(",")))
+
+    def want(name: str) -> bool:
+        return not only or name in only
+    OUT.mkdir(parents=True, exist_ok=True)
+    models = Path(os.environ.get("SKIFF_BENCH_MODELS", "/tmp/skiff_bench_models"))
+    budget = args.budget
+
+    section("env")(env_section, args)
+    if not args.cpu and want("jit"):
+        section("jit")(jit_section, args)
+    qwen_path = models / "qwen3_0_6b_shape"
+    qwen_hf = section("build_qwen3_0_6b")(build_hf, QWEN3_06B, qwen_path, args)
+    if qwen_hf is None:
+        raise SystemExit("cannot build the Qwen3-0.6B-shape model")
+    if not args.cpu:
+        qwen_hf.cpu()
+    tputs = (("tput_overlap_graphs", "overlap on, graphs on", {}),
+             ("tput_no_overlap", "overlap off, graphs on", {"disable_overlap": True}),
+             ("tput_no_graphs", "overlap on, graphs off", {"cuda_graph_max_bs": 0}))
+    for name, label, kw in tputs:
+        if want(name):
+            section(name, budget)(tput_section, qwen_path, args, QWEN3_06B, label, **kw)
+    if want("check_qwen3"):
+        qwen_hf.to(args.device)
+        section("check_qwen3_0_6b", budget)(check_section, qwen_path, qwen_hf, args)
+    del qwen_hf
+    free()
+    if want("profile"):
+        section("profile_decode", budget)(profile_section, qwen_path, args)
+    if want("big"):
+        import skiff.engine.model_runner as mr
+
+        big_path = models / "qwen3_8b_shape"
+        tensors = section("build_qwen3_8b", budget)(random_checkpoint, QWEN3_8B, big_path, args)
+        if tensors is not None:
+            original = mr.iter_tensors
+            mr.iter_tensors = tensors
+            try:
+                section("tput_qwen3_8b", budget)(tput_section, big_path, args, QWEN3_8B, "Qwen3-8B shape, overlap+graphs")
+            finally:
+                mr.iter_tensors = original
+    if want("check_llama"):
+        llama_path = models / "llama_3_2_1b_shape"
+        llama_hf = section("build_llama_1b", budget)(build_hf, LLAMA_1B, llama_path, args)
+        if llama_hf is not None:
+            section("check_llama_3_2_1b", budget)(check_section, llama_path, llama_hf, args)
+        del llama_hf
+        free()
+    if want("tput_overlap_graphs_run2"):
+        section("tput_overlap_graphs_run2", budget)(tput_section, qwen_path, args, QWEN3_06B,
+                                                    "overlap on, graphs on (2nd run)")
+    RESULTS["total_seconds"] = round(time.perf_counter() - T_START, 1)
+    save()
+    print_table()
+
+
+def print_table() -> None:
+    print("\n==== summary ====")
+    env = RESULTS.get("env") or {}
+    print(f"gpu {env.get('gpu')} flashinfer {env.get('flashinfer')} copy bw {env.get('copy_bandwidth_tbs')} TB/s; "
+          f"jit {(RESULTS.get('jit') or {}).get('wall_s')} s")
+    print(f"{'run':34} {'tok/s':>9} {'wall s':>7} {'floor%':>7} {'load s':>7} {'tokens':>8}")
+    for k, v in RESULTS.items():
+        if k.startswith("tput") and isinstance(v, dict):
+            if "error" in v or "skipped" in v:
+                print(f"{k:34} {v.get('error') or v.get('skipped')}"[:160])
+                continue
+            print(f"{v['label'][:34]:34} {v['output_tok_s']:>9} {v['wall_s']:>7} {100 * v['fraction_of_floor']:>6.1f}% "
+                  f"{v['load_s']:>7} {v['output_tokens']:>8} {'FALLBACK ' + str(v['fallbacks']) if v['fallbacks'] else ''}"[:220])
+    on, off = RESULTS.get("tput_overlap_graphs") or {}, RESULTS.get("tput_no_overlap") or {}
+    if "output_tok_s" in on and "output_tok_s" in off:
+        print(f"overlap gain {on['output_tok_s'] / off['output_tok_s']:.3f}x")
+    for k, v in RESULTS.items():
+        if k.startswith("check") and isinstance(v, dict):
+            keys = ("teacher_forced_agreement", "teacher_forced_agreement_with_near_ties", "positions",
+                    "overlap_on_off_identical", "radix_hit_vs_miss_identical", "ps1_identical_to_ps16",
+                    "ps256_identical_to_ps16", "prefill_logits_rel_err_max", "prefill_argmax_agreement", "nan", "error")
+            print(k, {x: v.get(x) for x in keys if x in v})
+    prof = RESULTS.get("profile_decode") or {}
+    if prof:
+        print("profile", {k: prof.get(k) for k in ("batch", "wall_ms_per_step", "gpu_ms_per_step_total",
+                                                   "gpu_ms_per_step_by_category", "host_ms_per_step", "error")})
+    print(f"total {RESULTS.get('total_seconds')} s")
+
+
+if __name__ == "__main__":
+    main()
