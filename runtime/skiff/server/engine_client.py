@@ -59,6 +59,7 @@ class PodInfo:
     page_size: int = 0
     total_pages: int = 0
     pids: dict[str, int] = field(default_factory=dict)  # child process ids by role (for operators and tests)
+    rank_pids: list[int] = field(default_factory=list)  # the scheduler's own children (TP ranks 1..n-1)
 
 
 class EngineClient:
@@ -114,6 +115,7 @@ class EngineClient:
             self.info.max_context_len = msg["max_context_len"]
             self.info.eos_token_ids = msg["eos_token_ids"]
             self.info.total_pages = msg.get("total_pages", 0)
+            self.info.rank_pids = list(msg.get("rank_pids", []))
             self._on_stats(msg)
         elif msg["who"].startswith("tokenizer"):
             self.info.probe_ids = msg["probe_ids"]

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing as mp
+import os
 import shutil
 import signal
 import sys
@@ -61,6 +62,7 @@ class Pod:
         self.endpoints = P.Endpoints(self.ipc_dir)
         self.procs: dict[str, mp.process.BaseProcess] = {}
         self.exit_code = 0
+        self.client: EngineClient | None = None
 
     def spawn(self) -> None:
         ctx = mp.get_context("spawn")
@@ -81,7 +83,7 @@ class Pod:
                 return f"{name} process exited with code {proc.exitcode}"
         return None
 
-    def stop_children(self, timeout: float = 10.0) -> None:
+    def stop_children(self, timeout: float = 10.0, rank_pids: list[int] | None = None) -> None:
         for name, proc in self.procs.items():
             if proc.is_alive() and name != "scheduler":
                 proc.terminate()
@@ -92,6 +94,12 @@ class Pod:
             if proc.is_alive():
                 proc.kill()
                 proc.join(2)
+        scheduler = self.procs.get("scheduler")
+        if scheduler is not None and scheduler.exitcode not in (0, None):
+            for pid in rank_pids or []:  # TP ranks orphaned by a scheduler that died without stopping them
+                if _is_spawned_python(pid):
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGKILL)
         shutil.rmtree(self.ipc_dir, ignore_errors=True)
 
     async def monitor(self, client: EngineClient, server: _Server) -> None:
@@ -112,7 +120,7 @@ class Pod:
 
     async def serve(self) -> int:
         metrics = ServerMetrics(self.args.model_name)
-        client = EngineClient(self.endpoints, metrics)
+        client = self.client = EngineClient(self.endpoints, metrics)
         self.spawn()
         expected = set(self.procs)
         print(f"Loading {self.args.model_name} (tp={self.args.engine.tp}) ...", flush=True)
@@ -149,6 +157,15 @@ class Pod:
         return self.exit_code
 
 
+def _is_spawned_python(pid: int) -> bool:
+    """Still a multiprocessing child (and not a new process that reused the id)?"""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"multiprocessing" in f.read()
+    except OSError:
+        return False
+
+
 def _interrupt(*_: Any) -> None:
     raise KeyboardInterrupt
 
@@ -163,5 +180,5 @@ def serve(args: ServerArgs) -> int:
     except KeyboardInterrupt:
         code = 1
     finally:
-        pod.stop_children()
+        pod.stop_children(rank_pids=pod.client.info.rank_pids if pod.client else None)
     return code

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import multiprocessing as mp
 import sys
 import time
 import traceback
@@ -45,7 +46,9 @@ class SchedulerLoop:
         self._throughput = 0.0
 
     def ready_info(self) -> dict[str, Any]:
-        info = {"max_context_len": int(self.engine.max_context_len), "eos_token_ids": list(self.engine.eos_token_ids)}
+        info = {"max_context_len": int(self.engine.max_context_len), "eos_token_ids": list(self.engine.eos_token_ids),
+                # the engine's TP ranks: the API process ends them if this process dies without doing so
+                "rank_pids": [int(p.pid) for p in mp.active_children() if p.pid]}
         info.update(_stats_dict(self.engine))
         return info
 
