@@ -206,7 +206,8 @@ def create_app(args: ServerArgs, client: EngineClient) -> FastAPI:
 
     @app.get("/skiff/processes")
     async def processes() -> dict[str, Any]:
-        return {"api": os.getpid(), **client.info.pids}
+        ranks = {f"tp-rank-{i + 1}": pid for i, pid in enumerate(client.info.rank_pids)}
+        return {"api": os.getpid(), **client.info.pids, **ranks}
 
     app.state.started = time.time()
     return app
