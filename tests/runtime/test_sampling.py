@@ -113,7 +113,7 @@ def _sample_counts(smollm, ids, params_for_seed, n) -> np.ndarray:
     return counts
 
 
-N_SAMPLES = 1500
+N_SAMPLES = 600
 ALPHA = 1e-4  # false-alarm probability of one check
 
 
@@ -129,12 +129,12 @@ def test_temperature_samples_softmax_over_t(smollm, spread_prompt):
 
 def test_top_p_samples_the_renormalised_nucleus(smollm, spread_prompt):
     ids, logits = spread_prompt
-    t = 1.3
+    t = 1.1
     probs = _expected(logits, t, 1.0)
-    cum = probs.sort(descending=True).values.cumsum(0)
-    k = int((cum < 0.8).sum().item()) + 1  # nucleus of the k most likely tokens; top_p strictly inside a gap
-    assert k >= 3 and (cum[k - 1] - cum[k - 2]) > 2e-3
-    top_p = float((cum[k - 2] + cum[k - 1]) / 2)  # keeps exactly the k most likely tokens, with a margin
+    sp = probs.sort(descending=True).values
+    k = int((sp >= 0.01).sum().item())  # the nucleus: every token of >= 1% probability
+    assert k >= 3 and sp[k:].sum() > 0.1, (k, sp[:10])
+    top_p = float(sp[: k - 1].sum() + sp[k - 1] / 2)  # strictly inside rank k-1's share: keeps exactly k tokens
     expected = _expected(logits, t, top_p)
     nucleus = set((expected > 0).nonzero().flatten().tolist())
     assert 3 <= len(nucleus) < (probs > 1e-6).sum().item()
@@ -151,15 +151,15 @@ def test_top_k_and_min_p_restrict_the_support(smollm, spread_prompt):
     probs = _expected(logits, 1.0, 1.0)
     top5 = set(probs.topk(5).indices.tolist())
     counts = _sample_counts(smollm, ids, lambda s: SamplingParams(temperature=1.0, top_k=5, max_tokens=1,
-                                                                  seed=20_000 + s), 400)
+                                                                  seed=20_000 + s), 200)
     assert set(np.nonzero(counts)[0].tolist()) <= top5
     expected = torch.zeros_like(probs)
     expected[list(top5)] = probs[list(top5)]
-    assert _chi2_pvalue(counts, (expected / expected.sum()).numpy(), 400) > ALPHA
+    assert _chi2_pvalue(counts, (expected / expected.sum()).numpy(), 200) > ALPHA
     min_p = 0.3
     allowed = set((probs >= min_p * probs.max()).nonzero().flatten().tolist())
     counts = _sample_counts(smollm, ids, lambda s: SamplingParams(temperature=1.0, min_p=min_p, max_tokens=1,
-                                                                  seed=30_000 + s), 300)
+                                                                  seed=30_000 + s), 150)
     assert set(np.nonzero(counts)[0].tolist()) <= allowed
 
 
