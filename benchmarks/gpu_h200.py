@@ -381,6 +381,7 @@ def check_section(path: Path, hf: Any, args: argparse.Namespace, n_prompts: int 
             if name == "ps16_overlap":
                 hits0 = engine.cache_hit_tokens
                 again = generate(engine, prompts, greedy)  # every prompt now hits the radix cache
+                runs["radix_hit"] = again
                 res["radix_hit_tokens"] = engine.cache_hit_tokens - hits0
                 res["radix_hit_vs_miss_identical"] = sum(a == b for a, b in zip(again, runs[name], strict=True))
                 prefill = [engine.prefill_logits(p).float().cpu() for p in prompts[:4]]
@@ -394,37 +395,84 @@ def check_section(path: Path, hf: Any, args: argparse.Namespace, n_prompts: int 
     res["overlap_on_off_identical"] = sum(a == b for a, b in zip(base, runs["ps16_no_overlap"], strict=True))
     for ps in ("ps1", "ps256"):
         res[f"{ps}_identical_to_ps16"] = sum(a == b for a, b in zip(base, runs[ps], strict=True))
-    # HF teacher forcing over Skiff's own greedy trajectories
-    agree = ties = total = 0
+    # HF teacher forcing over Skiff's own greedy trajectories, in bf16 (the bar) and fp32 (the noise level)
     nan = False
-    with torch.no_grad():
-        for p, o in zip(prompts, base, strict=True):
-            ids = torch.tensor([p + o], device=args.device)
-            logits = hf(input_ids=ids).logits[0].float()
-            nan |= bool(torch.isnan(logits).any())
-            pred = logits[len(p) - 1 : len(p) - 1 + len(o)]
-            hf_tok = pred.argmax(-1)
-            mine = torch.tensor(o, device=args.device)
-            same = hf_tok == mine
-            gap = pred.gather(1, hf_tok[:, None])[:, 0] - pred.gather(1, mine[:, None])[:, 0]
-            tol = 1e-2 * pred.abs().amax(-1)
+
+    def hf_preds(trajectories: list[list[int]]) -> list[torch.Tensor]:
+        nonlocal nan
+        preds = []
+        with torch.no_grad():
+            for p, o in zip(prompts, trajectories, strict=True):
+                logits = hf(input_ids=torch.tensor([p + o], device=args.device)).logits[0].float()
+                nan |= bool(torch.isnan(logits).any())
+                preds.append(logits[len(p) - 1 : len(p) - 1 + len(o)])
+        return preds
+
+    def agreement(trajectories: list[list[int]], preds: list[torch.Tensor]) -> tuple[float, float]:
+        agree = ties = total = 0
+        for o, pred in zip(trajectories, preds, strict=True):
+            ref = pred.argmax(-1)
+            mine = torch.tensor(o, device=pred.device)
+            same = ref == mine
+            gap = pred.gather(1, ref[:, None])[:, 0] - pred.gather(1, mine[:, None])[:, 0]
             agree += int(same.sum())
-            ties += int(((~same) & (gap <= tol)).sum())
+            ties += int(((~same) & (gap <= 1e-2 * pred.abs().amax(-1))).sum())
             total += len(o)
-        rel, argmax_agree, n_pos = [], 0, 0
-        for p, mine_logits in zip(prompts[:4], prefill, strict=False):
-            ref = hf(input_ids=torch.tensor([p], device=args.device)).logits[0].float().cpu()
-            rel.append(float((mine_logits - ref).norm() / ref.norm()))
-            argmax_agree += int((mine_logits.argmax(-1) == ref.argmax(-1)).sum())
-            n_pos += len(p)
-            nan |= bool(torch.isnan(mine_logits).any())
-    res["teacher_forced_agreement"] = round(agree / total, 4)
-    res["teacher_forced_agreement_with_near_ties"] = round((agree + ties) / total, 4)
-    res["prefill_logits_rel_err_max"] = round(max(rel), 5) if rel else None
-    res["prefill_argmax_agreement"] = round(argmax_agree / n_pos, 4) if n_pos else None
+        return round(agree / total, 4), round((agree + ties) / total, 4)
+
+    def prefill_ref() -> list[torch.Tensor]:
+        with torch.no_grad():
+            return [hf(input_ids=torch.tensor([p], device=args.device)).logits[0].float().cpu() for p in prompts[:4]]
+
+    def rel(a: list[torch.Tensor], b: list[torch.Tensor]) -> tuple[float, float]:
+        errs = [float((x - y).norm() / y.norm()) for x, y in zip(a, b, strict=True)]
+        arg = sum(int((x.argmax(-1) == y.argmax(-1)).sum()) for x, y in zip(a, b, strict=True))
+        return round(max(errs), 5), round(arg / sum(len(y) for y in b), 4)
+
+    preds16 = hf_preds(base)
+    res["teacher_forced_agreement"], res["teacher_forced_agreement_with_near_ties"] = agreement(base, preds16)
+    res["radix_hit_teacher_forced_agreement"] = agreement(runs["radix_hit"], hf_preds(runs["radix_hit"]))[0]
+    ref16 = prefill_ref()
+    res["prefill_logits_rel_err_max"], res["prefill_argmax_agreement"] = rel(prefill, ref16)
+    nan |= any(bool(torch.isnan(x).any()) for x in prefill)
+    if not args.cpu:  # the same against HF in fp32: how much of the gap is bf16 itself
+        hf.float()
+        preds32 = hf_preds(base)
+        res["fp32_ref_skiff_agreement"] = agreement(base, preds32)[0]
+        hf16_tokens = [p.argmax(-1).tolist() for p in preds16]
+        res["fp32_ref_hf_bf16_agreement"] = agreement(hf16_tokens, preds32)[0]
+        ref32 = prefill_ref()
+        res["fp32_ref_prefill_rel_err_skiff"], res["fp32_ref_prefill_argmax_skiff"] = rel(prefill, ref32)
+        res["fp32_ref_prefill_rel_err_hf_bf16"], res["fp32_ref_prefill_argmax_hf_bf16"] = rel(ref16, ref32)
     res["nan"] = nan
     log("  ", {k: v for k, v in res.items() if not k.endswith("config")})
     return res
+
+
+def sampling_section(args: argparse.Namespace) -> dict[str, Any]:
+    """The device sampler draws from the right distribution: 51,200 draws against the exact probabilities."""
+    from skiff.engine.sampler import _filter, sample_device
+    from skiff.params import SamplingParams
+
+    vocab, rows = 151936 if not args.cpu else 1000, 256
+    gen = torch.Generator(device=args.device).manual_seed(1)
+    base = torch.randn(vocab, device=args.device, generator=gen) * 0.5
+    base[:10] += torch.linspace(12, 10, 10, device=args.device)  # most mass on ten tokens, the rest in the tail
+    logits = base.expand(rows, vocab).contiguous()
+    out: dict[str, Any] = {}
+    for name, sp in (("temperature_0.7", SamplingParams(temperature=0.7)),
+                     ("top_k_20_top_p_0.9", SamplingParams(temperature=0.7, top_k=20, top_p=0.9))):
+        counts = torch.zeros(vocab, device=args.device)
+        for _ in range(200 if not args.cpu else 5):
+            toks = sample_device(logits.clone(), [sp] * rows, [None] * rows, [[]] * rows, [[]] * rows).tokens
+            counts += torch.bincount(toks, minlength=vocab).float()
+        emp = counts / counts.sum()
+        ref = _filter(base[None].clone(), [sp])[0]
+        out[name] = {"draws": int(counts.sum()), "tv_distance": round(float(0.5 * (emp - ref).abs().sum()), 4),
+                     "max_abs_diff": round(float((emp - ref).abs().max()), 4),
+                     "outside_support": int(counts[ref == 0].sum())}
+    log("  ", out)
+    return out
 
 
 def profile_section(path: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -542,6 +590,8 @@ def main() -> None:
     for name, label, kw in tputs:
         if want(name):
             section(name, budget)(tput_section, qwen_path, args, QWEN3_06B, label, **kw)
+    if want("check_sampling"):
+        section("check_sampling", budget)(sampling_section, args)
     if want("check_qwen3"):
         qwen_hf.to(args.device)
         section("check_qwen3_0_6b", budget)(check_section, qwen_path, qwen_hf, args)
@@ -554,11 +604,14 @@ def main() -> None:
 
         big_path = models / "qwen3_8b_shape"
         tensors = section("build_qwen3_8b", budget)(random_checkpoint, QWEN3_8B, big_path, args)
+        RESULTS["build_qwen3_8b"] = "random tensors generated on the device" if tensors is not None else RESULTS["build_qwen3_8b"]
         if tensors is not None:
             original = mr.iter_tensors
             mr.iter_tensors = tensors
             try:
                 section("tput_qwen3_8b", budget)(tput_section, big_path, args, QWEN3_8B, "Qwen3-8B shape, overlap+graphs")
+                section("tput_qwen3_8b_no_overlap", budget - 60)(tput_section, big_path, args, QWEN3_8B,
+                                                                 "Qwen3-8B shape, overlap off", disable_overlap=True)
             finally:
                 mr.iter_tensors = original
     if want("check_llama"):
@@ -593,8 +646,12 @@ def print_table() -> None:
     if "output_tok_s" in on and "output_tok_s" in off:
         print(f"overlap gain {on['output_tok_s'] / off['output_tok_s']:.3f}x")
     for k, v in RESULTS.items():
-        if k.startswith("check") and isinstance(v, dict):
+        if k == "check_sampling":
+            print(k, v)
+        elif k.startswith("check") and isinstance(v, dict):
             keys = ("teacher_forced_agreement", "teacher_forced_agreement_with_near_ties", "positions",
+                    "fp32_ref_skiff_agreement", "fp32_ref_hf_bf16_agreement", "fp32_ref_prefill_rel_err_skiff",
+                    "fp32_ref_prefill_rel_err_hf_bf16", "radix_hit_teacher_forced_agreement",
                     "overlap_on_off_identical", "radix_hit_vs_miss_identical", "ps1_identical_to_ps16",
                     "ps256_identical_to_ps16", "prefill_logits_rel_err_max", "prefill_argmax_agreement", "nan", "error")
             print(k, {x: v.get(x) for x in keys if x in v})

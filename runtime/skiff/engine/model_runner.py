@@ -36,9 +36,11 @@ def resolve_dtype(cfg: EngineConfig, device: torch.device) -> torch.dtype:
 class ModelRunner:
     def __init__(self, cfg: EngineConfig, path: Path, raw_cfg: dict[str, Any], model_cfg: ModelConfig,
                  device: torch.device, dtype: torch.dtype) -> None:
-        self.cfg, self.model_cfg, self.device, self.dtype = cfg, model_cfg, device, dtype
         if device.type == "cuda":
+            if device.index is None:  # set_device and the CUDA graph pool need an explicit index
+                device = torch.device("cuda", torch.cuda.current_device())
             torch.cuda.set_device(device)
+        self.cfg, self.model_cfg, self.device, self.dtype = cfg, model_cfg, device, dtype
         with torch.device(device):
             model = build_model(model_cfg)
         model.to(dtype)

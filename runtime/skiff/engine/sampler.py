@@ -100,12 +100,16 @@ def _to_device(values: list[float] | list[int], device: torch.device, dtype: tor
     return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
 
-def _scaled_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """softmax(logits / T) without host syncs: a shared temperature divides by a scalar."""
+def _scaled(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """logits / T without host syncs: a shared temperature divides by a scalar."""
     temps = [p.temperature for p in params]
     if len(set(temps)) == 1:
-        return torch.softmax(logits / temps[0], dim=-1)
-    return torch.softmax(logits / _to_device(temps, logits.device, logits.dtype).unsqueeze(1), dim=-1)
+        return logits / temps[0]
+    return logits / _to_device(temps, logits.device, logits.dtype).unsqueeze(1)
+
+
+def _scaled_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    return torch.softmax(_scaled(logits, params), dim=-1)
 
 
 @dataclass
@@ -174,6 +178,10 @@ def _sample_rows(logits: torch.Tensor, params: list[SamplingParams],
             ks = _to_device([p.top_k if p.top_k > 0 else vocab for p in params], logits.device, torch.int32)
             ps = _to_device([p.top_p for p in params], logits.device, torch.float32)
             return fi.top_k_top_p_sampling_from_probs(_scaled_probs(logits, params), ks, ps).long()
+    if unseeded and not truncated and not any(p.min_p > 0 for p in params):
+        fi = fused._flashinfer()
+        if fi is not None and logits.is_cuda:  # one fused kernel instead of softmax, noise, divide and argmax
+            return fi.sampling_from_logits(_scaled(logits, params)).long()
     if truncated or any(p.min_p > 0 for p in params):
         probs = _filter(logits, params)  # sort-based filtering, as on the CPU
     else:
