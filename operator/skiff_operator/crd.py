@@ -23,6 +23,15 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
 ]
 
 
+def _without_defaults(node: Any) -> Any:
+    """Status is written by the operator only; defaults there would be meaningless (and 1.20 rejects "")."""
+    if isinstance(node, dict):
+        return {k: _without_defaults(v) for k, v in node.items() if k != "default"}
+    if isinstance(node, list):
+        return [_without_defaults(v) for v in node]
+    return node
+
+
 def spec_schema() -> dict[str, Any]:
     return structural_schema(InferenceServiceSpec)
 
@@ -37,7 +46,7 @@ def crd_manifest() -> dict[str, Any]:
             "kind": {"type": "string"},
             "metadata": {"type": "object"},
             "spec": {**spec_schema(), "default": {}},
-            "status": structural_schema(InferenceServiceStatus),
+            "status": _without_defaults(structural_schema(InferenceServiceStatus)),
         },
     }
     return {

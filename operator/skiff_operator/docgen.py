@@ -23,9 +23,13 @@ def _constraints(node: dict[str, Any]) -> str:
     parts = []
     if "enum" in node:
         parts.append("one of " + ", ".join(f"`{v}`" for v in node["enum"]))
-    for key, sym in (("minimum", ">="), ("exclusiveMinimum", ">"), ("maximum", "<="), ("minLength", "len >=")):
+    if "minimum" in node:
+        parts.append(f"{'>' if node.get('exclusiveMinimum') else '>='} {node['minimum']}")
+    if "maximum" in node:
+        parts.append(f"{'<' if node.get('exclusiveMaximum') else '<='} {node['maximum']}")
+    for key, label in (("minLength", "len >="), ("maxLength", "len <="), ("maxItems", "items <=")):
         if key in node:
-            parts.append(f"{sym} {node[key]}")
+            parts.append(f"{label} {node[key]}")
     if "pattern" in node and node.get("type") == "string":
         parts.append("pattern (see schema)")
     return "; ".join(parts)

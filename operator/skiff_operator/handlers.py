@@ -1,5 +1,6 @@
 """Thin kopf handlers: reconcile an InferenceService (render -> server-side apply -> prune -> status) and
-recompute its status whenever its Deployment or Pods change.
+recompute its status whenever its Deployment or Pods change. No timers or daemons: kopf would put a finalizer
+on every InferenceService for them, and deletion must not depend on the operator running.
 
 For other areas: `ISVC` is the resource selector to register more handlers on (the autoscaling package's
 `skiff_operator/autoscaling/handlers.py` is imported at the end of this module when it exists), `STATE`
@@ -35,9 +36,9 @@ log = logging.getLogger("skiff_operator")
 @dataclass
 class State:
     settings: OperatorSettings = field(default_factory=OperatorSettings)
-    resync_seconds: float = 60.0
     cluster: Cluster | None = None
     errors: dict[tuple[str, str], str] = field(default_factory=dict)  # last reconcile failure per object
+    desired_hashes: dict[tuple[str, str], str] = field(default_factory=dict)  # template hash last rendered
     _locks: dict[tuple[str, str], threading.Lock] = field(default_factory=dict)
     _guard: threading.Lock = field(default_factory=threading.Lock)
 
@@ -74,6 +75,7 @@ def sync_status(namespace: str, name: str) -> dict[str, Any] | None:
         try:
             desired = render.deployment(isvc, parse_spec(isvc.get("spec")), STATE.settings)
             desired_hash = desired["metadata"]["annotations"][render.LABEL_HASH]
+            STATE.desired_hashes[(namespace, name)] = desired_hash
         except (ValidationError, ValueError):
             desired_hash = ""
         dep, pods = cluster.observe(namespace, name)
@@ -136,13 +138,6 @@ def on_isvc(namespace: str, name: str, retry: int, **_: Any) -> None:
     reconcile(namespace, name, retry)
 
 
-@kopf.timer(*ISVC, interval=60.0, initial_delay=60.0)
-def resync(namespace: str, name: str, **_: Any) -> None:
-    """Drift correction: re-apply (a no-op when nothing changed) so deleted or edited children come back."""
-    with contextlib.suppress(kopf.PermanentError):
-        reconcile(namespace, name)
-
-
 def _owner(labels: Mapping[str, str]) -> str | None:
     return labels.get(LABEL_ISVC)
 
@@ -159,7 +154,12 @@ def on_child(event: Mapping[str, Any], body: Mapping[str, Any], namespace: str, 
         with contextlib.suppress(kopf.PermanentError, kopf.TemporaryError):
             reconcile(namespace, owner)  # someone removed a child: put it back (no-op if the owner is gone)
         return
-    sync_status(namespace, owner)
+    status = sync_status(namespace, owner)
+    if body.get("kind") == "Deployment" and status is not None:
+        applied = (body.get("metadata", {}).get("annotations") or {}).get(render.LABEL_HASH)
+        if applied != STATE.desired_hashes.get((namespace, owner), applied):
+            with contextlib.suppress(kopf.PermanentError, kopf.TemporaryError):
+                reconcile(namespace, owner)  # the Deployment was edited behind our back: re-apply
 
 
 def _load_extensions() -> None:

@@ -4,6 +4,7 @@ Everything here is a thin call into the `kubernetes` client; decisions live in r
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +34,7 @@ def load_config() -> None:
     try:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
-        kubernetes.config.load_kube_config()
+        kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
 
 
 @dataclass

@@ -145,7 +145,7 @@ def _resources(spec: InferenceServiceSpec) -> dict[str, Any]:
 
 
 def _server_container(isvc: dict[str, Any], spec: InferenceServiceSpec, image: str, mv: ModelVolume) -> dict:
-    env = list(BASE_ENV)
+    env = copy.deepcopy(BASE_ENV)
     if spec.api_key_secret_ref:
         ref = spec.api_key_secret_ref
         env.append({"name": "SKIFF_API_KEY", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
@@ -162,7 +162,7 @@ def _server_container(isvc: dict[str, Any], spec: InferenceServiceSpec, image: s
         "livenessProbe": _probe("/health", 15, 10, 4),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(spec.rollout.pre_stop_sleep_seconds)]}}},
         "resources": _resources(spec),
-        "securityContext": SECURITY_CONTEXT,
+        "securityContext": copy.deepcopy(SECURITY_CONTEXT),
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [
             {"name": "dshm", "mountPath": "/dev/shm"},
@@ -175,7 +175,7 @@ def _server_container(isvc: dict[str, Any], spec: InferenceServiceSpec, image: s
 def _init_containers(spec: InferenceServiceSpec, image: str, mv: ModelVolume) -> list[dict[str, Any]]:
     if mv.download_command is None:
         return []
-    env = list(BASE_ENV)
+    env = copy.deepcopy(BASE_ENV)
     if spec.model.token_secret_ref:
         ref = spec.model.token_secret_ref
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
@@ -185,7 +185,7 @@ def _init_containers(spec: InferenceServiceSpec, image: str, mv: ModelVolume) ->
             "image": image,
             "command": mv.download_command,
             "env": env,
-            "securityContext": SECURITY_CONTEXT,
+            "securityContext": copy.deepcopy(SECURITY_CONTEXT),
             "terminationMessagePolicy": "FallbackToLogsOnError",
             "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *mv.init_mounts],
         }

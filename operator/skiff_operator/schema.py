@@ -51,6 +51,9 @@ def _convert(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
                 out[key] = _convert(value, defs)
         else:
             out[key] = value
+    for bound, exclusive in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
+        if isinstance(out.get(exclusive), int | float) and not isinstance(out[exclusive], bool):
+            out[bound], out[exclusive] = out[exclusive], True  # JSON Schema 2020 -> OpenAPI 3.0 form
     if "enum" in out and "type" not in out:
         kinds = {type(v) for v in out["enum"]}
         out["type"] = "integer" if kinds == {int} else "string"

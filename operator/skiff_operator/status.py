@@ -135,7 +135,7 @@ def compute_status(
     elif deadline:
         degraded = ("True", "ProgressDeadlineExceeded", dep_conds["Progressing"].get("message", ""))
     else:
-        degraded = ("False", "AsExpected", "")
+        degraded = ("False", "AsExpected", "no problems observed")
     if workload[0] == "True" and degraded[0] == "False":
         ready = ("True", "Serving", f"{ready_current} pods of generation {generation} ready")
     else:
@@ -151,7 +151,7 @@ def compute_status(
         old = previous.get(ctype)
         changed = old is None or old.get("status") != status
         conditions.append({
-            "type": ctype, "status": status, "reason": reason, "message": message,
+            "type": ctype, "status": status, "reason": reason, "message": message or reason,
             "lastTransitionTime": now if changed else old.get("lastTransitionTime", now),
             "observedGeneration": generation,
         })

@@ -38,8 +38,10 @@ def _jsonschema_view(node: Any) -> Any:
         if pattern:  # the pattern only constrains the string form
             out["if"] = {"type": "string"}
             out["then"] = {"pattern": pattern}
-    if "default" in out:
-        del out["default"]
+    for bound, exclusive in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
+        if out.get(exclusive) is True:
+            out[exclusive] = out.pop(bound)  # OpenAPI 3.0 boolean form -> JSON Schema 2020 number
+    out.pop("default", None)
     return out
 
 
