@@ -475,6 +475,40 @@ def sampling_section(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def diag_section(spec: dict[str, Any], path: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Prefill-logit error against HF fp32 for each combination of attention backend and fused ops."""
+    from skiff.layers import fused
+
+    hf = build_hf(spec, path, args)
+    rng = random.Random(7)
+    prompts = [[rng.randint(0, 9999) for _ in range(rng.randint(32, 400 if not args.cpu else 40))] for _ in range(4)]
+    with torch.no_grad():
+        ref16 = [hf(input_ids=torch.tensor([p], device=args.device)).logits[0].float() for p in prompts]
+        hf.float()
+        ref32 = [hf(input_ids=torch.tensor([p], device=args.device)).logits[0].float() for p in prompts]
+    del hf
+    free()
+
+    def err(a: list[torch.Tensor]) -> float:
+        return round(max(float((x.to(y.device) - y).norm() / y.norm()) for x, y in zip(a, ref32, strict=True)), 5)
+
+    out: dict[str, Any] = {"hf_bf16": err(ref16)}
+    for backend in (["flashinfer", "torch"] if not args.cpu else ["torch"]):
+        for fused_on in (True, False):
+            os.environ["SKIFF_DISABLE_FUSED_OPS"] = "0" if fused_on else "1"
+            fused._flashinfer.cache_clear()
+            engine = make_engine(path, args, attention_backend=backend, cuda_graph_max_bs=0, max_total_tokens=50_000)
+            try:
+                out[f"{backend}_fused={fused_on}"] = err([engine.prefill_logits(p).float() for p in prompts])
+            finally:
+                free(engine)
+                del engine
+    os.environ["SKIFF_DISABLE_FUSED_OPS"] = "0"
+    fused._flashinfer.cache_clear()
+    log("  ", out)
+    return out
+
+
 def profile_section(path: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Steady-state decode at bs 256 (~600-token contexts): kernel time by category and host phases per step."""
     from skiff.params import SamplingParams
@@ -578,6 +612,14 @@ def main() -> None:
     section("env")(env_section, args)
     if not args.cpu and want("jit"):
         section("jit")(jit_section, args)
+    if want("diag_llama"):
+        section("diag_llama", budget)(diag_section, LLAMA_1B, models / "llama_diag", args)
+    if want("diag_qwen3"):
+        section("diag_qwen3", budget)(diag_section, QWEN3_06B, models / "qwen3_diag", args)
+    if only and not only - {"env", "jit", "diag_llama", "diag_qwen3"}:
+        save()
+        print(json.dumps({k: v for k, v in RESULTS.items() if k.startswith("diag")}, indent=1))
+        return
     qwen_path = models / "qwen3_0_6b_shape"
     qwen_hf = section("build_qwen3_0_6b")(build_hf, QWEN3_06B, qwen_path, args)
     if qwen_hf is None:
