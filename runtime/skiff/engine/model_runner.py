@@ -43,8 +43,9 @@ class ModelRunner:
         self.cfg, self.model_cfg, self.device, self.dtype = cfg, model_cfg, device, dtype
         with torch.device(device):
             model = build_model(model_cfg)
+        cos_sin = model.rotary.cos_sin  # built in fp32: keep that copy, not one rounded through `dtype`
         model.to(dtype)
-        model.rotary.cos_sin = model.rotary.cos_sin.float()  # rotary tables stay fp32 like the reference
+        model.rotary.cos_sin = cos_sin
         load_weights(model, (( n, t.to(dtype)) for n, t in iter_tensors(path, raw_cfg)), model_cfg.tie_word_embeddings)
         self.model = model.eval()
         attn = model.layers[0].self_attn
