@@ -57,7 +57,7 @@ class NaiveCacheManager:
     def release(self, req: Req) -> None:
         """The request leaves (finished, aborted or retracted): free its private pages."""
         self.allocator.free(req.pages[req.cached_pages :])
-        req.pages, req.cached_pages, req.node = [], 0, None
+        req.pages, req.cached_pages, req.node, req.kv_len = [], 0, None, 0
 
     def check(self, live: Iterable[Req]) -> None:
         private = sum(len(r.pages) - r.cached_pages for r in live)
