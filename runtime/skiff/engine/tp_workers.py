@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import os
 import socket
 from dataclasses import replace
 from typing import Any
@@ -76,7 +77,12 @@ def follower_main(cfg: EngineConfig, rank: int, dist_port: int, plan_port: int) 
     sock = zmq.Context.instance().socket(zmq.SUB)
     sock.setsockopt(zmq.SUBSCRIBE, b"")
     sock.connect(f"tcp://127.0.0.1:{plan_port}")
+    parent = os.getppid()
     while True:
+        if not sock.poll(1000):
+            if os.getppid() != parent:  # rank 0 died without saying goodbye: do not linger as an orphan
+                break
+            continue
         plan = msgpack.unpackb(sock.recv())
         if plan["op"] == "exit":
             break
