@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         clusterwide=not args.namespace,
         namespaces=args.namespace,
         standalone=args.standalone,
-        peering_name=args.peering,
+        peering_name=None if args.standalone else args.peering,
         priority=args.priority,
         liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None,
     )

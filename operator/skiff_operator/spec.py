@@ -261,6 +261,19 @@ class Condition(Base):
     observed_generation: int = Field(default=0, description="Generation the condition was computed for.")
 
 
+class AutoscalingStatus(Base):
+    """The autoscaler's last decision (mode: operator)."""
+
+    desired_replicas: int | None = Field(default=None, description="Replicas the last decision asked for.")
+    current_replicas: int | None = Field(default=None, description="Replicas when it decided.")
+    reason: str | None = Field(default=None, description="CamelCase reason of the decision.")
+    message: str | None = Field(default=None, description="Human-readable detail of the decision.")
+    metric: str | None = Field(default=None, description="The metric it scaled on.")
+    observed: str | None = Field(default=None, description="What it read (metric values per replica).")
+    last_decision_time: str | None = Field(default=None, description="When it last decided (RFC 3339).")
+    last_scale_time: str | None = Field(default=None, description="When it last changed replicas (RFC 3339).")
+
+
 class InferenceServiceStatus(Base):
     """Observed state, written by the operator."""
 
@@ -277,6 +290,7 @@ class InferenceServiceStatus(Base):
     url: str | None = Field(default=None, description="In-cluster OpenAI base URL.")
     served_model: str | None = Field(default=None, description="Model name clients request.")
     phase: str | None = Field(default=None, description="Pending, Loading, Ready, Updating, Degraded or Idle.")
+    autoscaling: AutoscalingStatus | None = Field(default=None, description="The autoscaler's last decision.")
 
 
 def parse_spec(spec: dict[str, Any] | None) -> InferenceServiceSpec:
