@@ -1,0 +1,110 @@
+"""The pod contract end to end: play the kubelet for the Deployment rendered from the embedded example.
+
+The server container's command and env run as a local process; the pod's /tmp emptyDir becomes a temporary
+directory and its named container port a free local port (what a kubelet and kube-proxy would provide);
+the test waits on the rendered readiness probe, then chats through the Service's target port.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+from op_helpers import example_crs, with_identity
+from skiff_operator.render import desired_children
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rendered() -> tuple[dict[str, Any], dict[str, Any]]:
+    children = desired_children(with_identity(example_crs()["embedded-cpu"]))
+    deployment = next(c for c in children if c["kind"] == "Deployment")
+    service = next(c for c in children if c["kind"] == "Service" and c["spec"].get("clusterIP") != "None")
+    return deployment, service
+
+
+def _local_argv(command: list[str], container_port: int, local_port: int) -> list[str]:
+    assert command[:2] == ["skiff", "serve"], command
+    argv = [sys.executable, "-m", "skiff.cli", *command[1:]]
+    out = []
+    for i, arg in enumerate(argv):
+        prev = argv[i - 1] if i else ""
+        if prev == "--host":
+            arg = "127.0.0.1"  # bind where the test can reach it and nothing else
+        elif prev == "--port":
+            assert int(arg) == container_port
+            arg = str(local_port)
+        out.append(arg)
+    return out
+
+
+def _local_env(env: list[dict[str, Any]], pod_tmp: Path) -> dict[str, str]:
+    out = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "LANG", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+    for e in env:
+        assert "value" in e, f"the embedded example needs no secrets, got {e}"
+        value = str(e["value"])
+        out[e["name"]] = str(pod_tmp) + value[len("/tmp"):] if value.startswith("/tmp") else value
+    return out
+
+
+def test_rendered_pod_serves_a_chat_answer_through_its_service_port(tmp_path: Path) -> None:
+    deployment, service = _rendered()
+    pod = deployment["spec"]["template"]["spec"]
+    assert not pod.get("initContainers"), "the embedded model needs no download"
+    server = next(c for c in pod["containers"] if c["name"] == "server")
+    ports = {p["name"]: p["containerPort"] for p in server["ports"]}
+    target = service["spec"]["ports"][0]["targetPort"]
+    container_port = ports[target]
+    local_port = _free_port()
+    probe = server["readinessProbe"]["httpGet"]
+    startup = server["startupProbe"]
+    startup_budget = startup["periodSeconds"] * startup["failureThreshold"]
+    served = server["command"][server["command"].index("--served-model-name") + 1]
+
+    proc = subprocess.Popen(_local_argv(server["command"], container_port, local_port),
+                            env=_local_env(server["env"], tmp_path), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + min(startup_budget, 600)
+        probe_port = ports[probe["port"]] if isinstance(probe["port"], str) else probe["port"]
+        assert probe_port == container_port
+        ready = False
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                ready = httpx.get(f"http://127.0.0.1:{local_port}{probe['path']}", timeout=30).status_code == 200
+            except httpx.HTTPError:
+                ready = False
+            if ready:
+                break
+            time.sleep(2)
+        assert ready, f"readiness probe {probe['path']} never passed; exit={proc.poll()}"
+
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{local_port}/v1", api_key="unused", timeout=120)
+        assert [m.id for m in client.models.list().data] == [served]
+        reply = client.chat.completions.create(
+            model=served, messages=[{"role": "user", "content": "What is the capital of France?"}],
+            temperature=0, max_tokens=24,
+        )
+        assert "Paris" in (reply.choices[0].message.content or "")
+
+        proc.send_signal(signal.SIGTERM)  # what the kubelet does after the preStop hook
+        grace = deployment["spec"]["template"]["spec"].get("terminationGracePeriodSeconds", 30)
+        assert proc.wait(timeout=grace) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        if proc.stdout is not None:
+            proc.stdout.close()
