@@ -1,5 +1,7 @@
 """Tensor-parallel state: this process's rank and world size, and the collectives the layers call.
 
+`tp_info()` is the state in force while a model is being built; each parallel layer keeps the TPInfo it
+was built with and passes it to the collectives, so a tp=1 engine can live beside a tp>1 one in a process.
 With tp == 1 every collective is a no-op, so single-process runs never touch torch.distributed.
 """
 
@@ -29,27 +31,29 @@ def init_tensor_parallel(rank: int, size: int, port: int, device: torch.device) 
     _TP = TPInfo(rank, size)
     if size == 1:
         return
+    if dist.is_initialized():
+        raise RuntimeError("a tensor-parallel engine is already live in this process; shut it down first")
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
 
 
 def destroy_tensor_parallel() -> None:
     global _TP
-    if _TP.size > 1 and dist.is_initialized():
+    if dist.is_initialized():
         dist.destroy_process_group()
     _TP = TPInfo()
 
 
-def all_reduce(x: torch.Tensor) -> torch.Tensor:
-    if _TP.size > 1:
+def all_reduce(x: torch.Tensor, tp: TPInfo) -> torch.Tensor:
+    if tp.size > 1:
         dist.all_reduce(x)
     return x
 
 
-def all_gather_last_dim(x: torch.Tensor) -> torch.Tensor:
-    if _TP.size == 1:
+def all_gather_last_dim(x: torch.Tensor, tp: TPInfo) -> torch.Tensor:
+    if tp.size == 1:
         return x
-    parts = [torch.empty_like(x) for _ in range(_TP.size)]
+    parts = [torch.empty_like(x) for _ in range(tp.size)]
     dist.all_gather(parts, x.contiguous())
     return torch.cat(parts, dim=-1)
 

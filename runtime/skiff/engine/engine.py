@@ -256,4 +256,4 @@ class Engine:
                 if p.is_alive():
                     p.terminate()
             self.publisher.close()
-        destroy_tensor_parallel()
+            destroy_tensor_parallel()  # the process group is this engine's (only a tp > 1 engine makes one)

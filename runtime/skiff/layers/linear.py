@@ -82,6 +82,7 @@ class RowParallelLinear(nn.Module):
         tp = tp_info()
         if in_features % tp.size:
             raise ValueError(f"cannot split {in_features} input features over tensor-parallel size {tp.size}")
+        self.tp = tp
         self.local_in = in_features // tp.size
         self.weight = nn.Parameter(torch.empty(out_features, self.local_in), requires_grad=False)
         self.weight.weight_loader = self._load  # type: ignore[attr-defined]
@@ -96,7 +97,7 @@ class RowParallelLinear(nn.Module):
         _copy_checked(param, tensor[:, rank * self.local_in : (rank + 1) * self.local_in], getattr(param, "skiff_name", "linear"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = all_reduce(F.linear(x, self.weight))
+        y = all_reduce(F.linear(x, self.weight), self.tp)
         return y if self.bias is None else y + self.bias
 
 
@@ -106,6 +107,7 @@ class VocabParallelEmbedding(nn.Module):
     def __init__(self, vocab_size: int, dim: int) -> None:
         super().__init__()
         tp = tp_info()
+        self.tp = tp
         self.vocab_size = vocab_size
         self.per_rank = -(-vocab_size // tp.size)
         self.start = tp.rank * self.per_rank
@@ -121,13 +123,13 @@ class VocabParallelEmbedding(nn.Module):
         param.data[: rows.shape[0]].copy_(rows)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        if tp_info().size == 1:
+        if self.tp.size == 1:
             return F.embedding(ids, self.weight)
         local = ids - self.start
         outside = (local < 0) | (local >= self.per_rank)
         out = F.embedding(local.masked_fill(outside, 0), self.weight)
-        return all_reduce(out.masked_fill(outside.unsqueeze(-1), 0))
+        return all_reduce(out.masked_fill(outside.unsqueeze(-1), 0), self.tp)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, dim] -> [N, vocab] full logits on every rank."""
-        return all_gather_last_dim(F.linear(hidden, self.weight))[..., : self.vocab_size]
+        return all_gather_last_dim(F.linear(hidden, self.weight), self.tp)[..., : self.vocab_size]
