@@ -69,6 +69,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
     want_logprobs = any(p.logprobs or p.top_logprobs for p in params)
     raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
     if any(p.needs_penalties for p in params):
+        logits = logits.clone()  # the runner's logits are inference tensors: no in-place update outside it
         apply_penalties(logits, params, prompts, outputs)
     tokens = logits.argmax(dim=-1)
     sampled = [i for i, p in enumerate(params) if not p.greedy]
