@@ -174,7 +174,8 @@ def compute_status(
         "observedGeneration": generation,
         "conditions": conditions,
         "replicas": total,
-        "readyReplicas": int(dep_status.get("readyReplicas") or 0),
+        # counted from the pods, like Ready itself: the Deployment's own count can lag them
+        "readyReplicas": max(int(dep_status.get("readyReplicas") or 0), sum(1 for p in live if _pod_ready(p))),
         "updatedReplicas": updated,
         "selector": selector_string(isvc["metadata"]["name"]),
         "url": service_url(isvc, settings, spec),
