@@ -12,6 +12,7 @@ import torch
 
 from skiff.config import EngineConfig
 from skiff.distributed.parallel import destroy_tensor_parallel, init_tensor_parallel
+from skiff.engine.forward_batch import slots_for
 from skiff.engine.model_runner import ModelRunner, resolve_device, resolve_dtype
 from skiff.engine.plan import make_plan, plan_to_batch
 from skiff.engine.sampler import sample, sample_on_host
@@ -213,8 +214,6 @@ class Engine:
             raise InvalidRequest("the KV cache has no room for this prompt now")
         try:
             r = Req("prefill_logits", list(token_ids), SamplingParams(), 0, pages=pages)
-            from skiff.engine.forward_batch import slots_for
-
             plan = {"op": "forward", "ids": list(token_ids), "pos": list(range(n)),
                     "slots": slots_for(pages, 0, n, self.cfg.page_size), "rows": list(range(n)),
                     "q_lens": [n], "seq_lens": [n], "tables": [r.pages], "nd": 0}
