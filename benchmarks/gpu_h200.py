@@ -49,7 +49,7 @@ LLAMA_1B = dict(cls="LlamaConfig", vocab_size=128256, hidden_size=2048, intermed
                 rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                               "original_max_position_embeddings": 8192})
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            head_dim=16, vocab_size=12000)
+            head_dim=16, vocab_size=49152)  # >= the embedded tokenizer the serve section uses
 
 
 def log(*args: Any) -> None:
@@ -104,9 +104,11 @@ def build_hf(spec: dict[str, Any], path: Path, args: argparse.Namespace, seed: i
     torch.manual_seed(seed)
     with torch.device(args.device):
         model = AutoModelForCausalLM.from_config(cfg)
-    model = model.to(args.dtype).eval()
-    model.save_pretrained(path)
-    return model
+    model.to(args.dtype).save_pretrained(path)
+    del model
+    # Reload rather than keep the cast model: `.to(bf16)` also rounds the rotary `inv_freq` buffer to bf16
+    # (a phase error growing with position), which `from_pretrained(dtype=...)` keeps in fp32 as users get it.
+    return AutoModelForCausalLM.from_pretrained(path, dtype=args.dtype).to(args.device).eval()
 
 
 def random_checkpoint(spec: dict[str, Any], path: Path, args: argparse.Namespace):
@@ -592,12 +594,81 @@ def profile_section(path: Path, args: argparse.Namespace) -> dict[str, Any]:
         free(engine)
 
 
+def serve_section(path: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """`skiff serve` on the Qwen3-0.6B shape, driven by `skiff bench serve` at several Poisson request rates."""
+    import socket
+    import subprocess
+
+    import httpx
+
+    tok = args.tokenizer or str(path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    log_file = open(OUT / "serve_server.log", "w")
+    cmd = [sys.executable, "-m", "skiff.cli", "serve", "--model", str(path), "--tokenizer", tok, "--port", str(port),
+           "--log-level", "warning", "--context-length", "4096"]
+    if args.cpu:
+        cmd += ["--device", "cpu", "--max-total-tokens", "20000"]
+    server = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    out: dict[str, Any] = {"command": " ".join(cmd[1:]), "runs": {}}
+    try:
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 300:
+            if server.poll() is not None:
+                raise RuntimeError(f"skiff serve exited with {server.returncode}")
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        else:
+            raise RuntimeError("skiff serve did not become healthy in 300 s")
+        out["startup_s"] = round(time.perf_counter() - t0, 1)
+        rates = args.serve_rates if not args.cpu else [2.0]
+        n = args.serve_prompts if not args.cpu else 6
+        for rate in rates:
+            res = OUT / f"serve_rate_{rate:g}.json"
+            bench = [sys.executable, "-m", "skiff.cli", "bench", "serve", "--base-url", url + "/v1", "--tokenizer", tok,
+                     "--prompt-ids", "--num-prompts", str(n), "--random-input-len", "1024" if not args.cpu else "32",
+                     "--random-output-len", "256" if not args.cpu else "8", "--random-range-ratio", "0.25",
+                     "--request-rate", str(rate), "--no-progress", "--output-json", str(res), "--warmup-requests", "4"]
+            done = subprocess.run(bench, capture_output=True, text=True, timeout=240, env=env)
+            log(done.stdout[-1500:], done.stderr[-800:])
+            if done.returncode != 0 or not res.is_file():
+                out["runs"][str(rate)] = {"error": f"rc={done.returncode}", "stderr": done.stderr[-800:]}
+                continue
+            summ = json.loads(res.read_text())["summary"]
+            out["runs"][str(rate)] = {k: summ.get(k) for k in (
+                "completed", "failed", "duration_s", "request_throughput", "output_throughput", "input_throughput",
+                "ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")}
+        metrics = httpx.get(url + "/metrics", timeout=10).text
+        out["metrics_tail"] = [line for line in metrics.splitlines()
+                               if line.startswith(("sglang:num_running", "sglang:cache_hit", "sglang:token_usage"))]
+        return out
+    finally:
+        server.terminate()
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        out["server_exit"] = server.returncode
+        log_file.close()
+
+
 # ---------------------------------------------------------------------------------------------- main
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cpu", action="store_true", help="self-test on tiny shapes, torch backend")
     ap.add_argument("--budget", type=float, default=520.0, help="seconds after which remaining sections are skipped")
     ap.add_argument("--only", default="", help="comma-separated section names to run (default: all)")
+    ap.add_argument("--tokenizer", default=None, help="tokenizer directory for the serve section (the embedded "
+                    "model's, saved by skiff; the random-weight models have none)")
+    ap.add_argument("--serve-rates", type=lambda v: [float(x) for x in v.split(",")], default=[8.0, 24.0, 64.0])
+    ap.add_argument("--serve-prompts", type=int, default=400)
     args = ap.parse_args()
     args.device = "cpu" if args.cpu else "cuda"
     args.dtype = torch.float32 if args.cpu else torch.bfloat16
@@ -639,6 +710,15 @@ def main() -> None:
         section("check_qwen3_0_6b", budget)(check_section, qwen_path, qwen_hf, args)
     del qwen_hf
     free()
+    if want("check_llama"):
+        llama_path = models / "llama_3_2_1b_shape"
+        llama_hf = section("build_llama_1b", budget)(build_hf, LLAMA_1B, llama_path, args)
+        if llama_hf is not None:
+            section("check_llama_3_2_1b", budget)(check_section, llama_path, llama_hf, args)
+        del llama_hf
+        free()
+    if want("serve"):
+        section("serve", budget)(serve_section, qwen_path, args)
     if want("profile"):
         section("profile_decode", budget)(profile_section, qwen_path, args)
     if want("big"):
@@ -656,13 +736,6 @@ def main() -> None:
                                                                  "Qwen3-8B shape, overlap off", disable_overlap=True)
             finally:
                 mr.iter_tensors = original
-    if want("check_llama"):
-        llama_path = models / "llama_3_2_1b_shape"
-        llama_hf = section("build_llama_1b", budget)(build_hf, LLAMA_1B, llama_path, args)
-        if llama_hf is not None:
-            section("check_llama_3_2_1b", budget)(check_section, llama_path, llama_hf, args)
-        del llama_hf
-        free()
     if want("tput_overlap_graphs_run2"):
         section("tput_overlap_graphs_run2", budget)(tput_section, qwen_path, args, QWEN3_06B,
                                                     "overlap on, graphs on (2nd run)")
@@ -697,6 +770,16 @@ def print_table() -> None:
                     "overlap_on_off_identical", "radix_hit_vs_miss_identical", "ps1_identical_to_ps16",
                     "ps256_identical_to_ps16", "prefill_logits_rel_err_max", "prefill_argmax_agreement", "nan", "error")
             print(k, {x: v.get(x) for x in keys if x in v})
+    serve = RESULTS.get("serve") or {}
+    for rate, r in (serve.get("runs") or {}).items():
+        if "error" in r:
+            print(f"serve rate {rate}: {r['error']}")
+            continue
+        print(f"serve rate {rate} req/s: {r['completed']} done, {r['request_throughput']:.1f} req/s, "
+              f"out {r['output_throughput']:.0f} tok/s, TTFT p50/p99 {r['ttft_ms']['p50']:.0f}/{r['ttft_ms']['p99']:.0f} ms, "
+              f"TPOT p50/p99 {r['tpot_ms']['p50']:.1f}/{r['tpot_ms']['p99']:.1f} ms")
+    if serve.get("error"):
+        print("serve", serve["error"])
     prof = RESULTS.get("profile_decode") or {}
     if prof:
         print("profile", {k: prof.get(k) for k in ("batch", "wall_ms_per_step", "gpu_ms_per_step_total",
