@@ -138,7 +138,7 @@ def make_engine(path: Path, args: argparse.Namespace, **kw: Any):
     from skiff.config import EngineConfig
     from skiff.engine.engine import Engine
 
-    base = dict(model=str(path), device=args.device, dtype="bfloat16" if not args.cpu else "float32",
+    base = dict(model=str(path), device=args.device, dtype=str(args.dtype).removeprefix("torch."),
                 attention_backend="torch" if args.cpu else "flashinfer", page_size=16, seed=0)
     base.update(kw)
     free()  # the previous engine (held in reference cycles) must give its KV pool back first
@@ -717,6 +717,17 @@ def main() -> None:
             section("check_llama_3_2_1b", budget)(check_section, llama_path, llama_hf, args)
         del llama_hf
         free()
+    if want("check_llama_fp16"):  # same check in fp16: 3 more mantissa bits show what bf16 rounding hides
+        bf16, args.dtype = args.dtype, (torch.float16 if not args.cpu else args.dtype)
+        try:
+            llama_path = models / "llama_3_2_1b_shape_fp16"
+            llama_hf = section("build_llama_1b_fp16", budget)(build_hf, LLAMA_1B, llama_path, args)
+            if llama_hf is not None:
+                section("check_llama_3_2_1b_fp16", budget)(check_section, llama_path, llama_hf, args)
+            del llama_hf
+            free()
+        finally:
+            args.dtype = bf16
     if want("serve"):
         section("serve", budget)(serve_section, qwen_path, args)
     if want("profile"):
