@@ -606,7 +606,7 @@ def serve_section(path: Path, args: argparse.Namespace) -> dict[str, Any]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    log_file = open(OUT / "serve_server.log", "w")
+    log_file = open(OUT / "serve_server.log", "w")  # noqa: SIM115 (the server outlives this statement)
     cmd = [sys.executable, "-m", "skiff.cli", "serve", "--model", str(path), "--tokenizer", tok, "--port", str(port),
            "--log-level", "warning", "--context-length", "4096"]
     if args.cpu:

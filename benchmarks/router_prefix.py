@@ -1,23 +1,23 @@
-"""Router benchmark: a shared-prefix chat workload through `skiff router` over N CPU `skiff serve` backends,
-comparing routing strategies on throughput, time to first token and backend prefix-cache hit rate.
+"""Router benchmark: `skiff bench serve` (shared-prefix workload) through `skiff router` over N CPU
+`skiff serve` backends, comparing routing strategies on throughput, time to first token and backend
+prefix-cache hit rate.
 
-    python benchmarks/router_prefix.py --backends 3 --tenants 6 --requests-per-tenant 6 --concurrency 6
+    python benchmarks/router_prefix.py --backends 3 --groups 6 --prompts 36 --concurrency 6
 
-Each tenant has its own long system prompt; its requests differ only in the final question, so a backend
-that served the tenant before has the prefix in its radix cache. For each strategy the workload uses fresh
-tenant prompts (caches warmed by an earlier strategy do not help a later one). Not a test: numbers only.
+`skiff bench serve --dataset shared-prefix` sends `--groups` long shared prefixes, each request adding its own
+short suffix, so a backend that served a group before has its prefix in the radix cache. Each strategy gets
+fresh prefixes (its own `--seed`): caches warmed by an earlier strategy do not help a later one. The cache hit
+rate is read from the backends' `sglang:cached_tokens_total` / `sglang:prompt_tokens_total` before and after.
+Not a test: numbers only.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
-import random
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,9 +26,6 @@ from pathlib import Path
 
 import httpx
 import yaml
-
-TOPICS = ["parcel tracking", "customs forms", "delivery windows", "returns", "insurance claims", "pallets",
-          "hazardous goods", "address changes", "lost items", "signatures"]
 
 
 def free_port() -> int:
@@ -66,54 +63,24 @@ def metric(url: str, name: str) -> float:
     return total
 
 
-def system_prompt(tag: str, tenant: int, words: int) -> str:
-    rng = random.Random(f"{tag}-{tenant}")
-    body = " ".join(rng.choice(TOPICS).replace(" ", "-") for _ in range(words))
-    return f"Tenant {tag}-{tenant}. You are the support assistant of a shipping company. Topics: {body}."
-
-
-async def one(client: httpx.AsyncClient, url: str, model: str, system: str, question: str, max_tokens: int) -> dict:
-    start = time.perf_counter()
-    ttft = None
-    tokens = 0
-    body = {"model": model, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}]}
-    async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
-        r.raise_for_status()
-        async for line in r.aiter_lines():
-            if not line.startswith("data:") or line.strip() == "data: [DONE]":
-                continue
-            chunk = json.loads(line[5:])
-            if chunk.get("choices") and chunk["choices"][0].get("delta", {}).get("content"):
-                ttft = ttft if ttft is not None else time.perf_counter() - start
-                tokens += 1
-    return {"ttft": ttft if ttft is not None else time.perf_counter() - start,
-            "latency": time.perf_counter() - start, "tokens": tokens}
-
-
-async def workload(url: str, model: str, tag: str, a: argparse.Namespace) -> tuple[list[dict], float]:
-    jobs = [(system_prompt(tag, t, a.prompt_words), f"Question {q}: how long does it take?")
-            for q in range(a.requests_per_tenant) for t in range(a.tenants)]
-    # arrival order shuffled (seeded): a fixed tenant cycle would line up with round robin's cycle
-    random.Random(f"order-{tag}").shuffle(jobs)
-    sem = asyncio.Semaphore(a.concurrency)
-    async with httpx.AsyncClient(timeout=600) as client:
-        async def run(job):
-            async with sem:
-                return await one(client, url, model, *job, a.max_tokens)
-
-        t0 = time.perf_counter()
-        results = await asyncio.gather(*(run(j) for j in jobs))
-        return list(results), time.perf_counter() - t0
+def bench_serve(router: str, seed: int, a: argparse.Namespace, out: Path) -> dict:
+    cmd = [sys.executable, "-m", "skiff.cli", "bench", "serve", "--base-url", router + "/v1", "--model", "smol",
+           "--dataset", "shared-prefix", "--num-prompts", str(a.prompts), "--shared-prefix-groups", str(a.groups),
+           "--shared-prefix-len", str(a.prefix_len), "--shared-suffix-len", str(a.suffix_len),
+           "--random-output-len", str(a.max_tokens), "--max-concurrency", str(a.concurrency),
+           "--seed", str(seed), "--warmup-requests", "0", "--no-progress", "--output-json", str(out)]
+    subprocess.run(cmd, check=True, timeout=3600)
+    return json.loads(out.read_text())["summary"]
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backends", type=int, default=3)
-    p.add_argument("--tenants", type=int, default=6)
-    p.add_argument("--requests-per-tenant", type=int, default=6)
+    p.add_argument("--groups", type=int, default=6, help="shared prefixes")
+    p.add_argument("--prompts", type=int, default=36)
     p.add_argument("--concurrency", type=int, default=6)
-    p.add_argument("--prompt-words", type=int, default=120, help="system prompt length (words)")
+    p.add_argument("--prefix-len", type=int, default=384, help="shared prefix tokens")
+    p.add_argument("--suffix-len", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--strategies", default="roundRobin,leastRequests,prefixHash")
     p.add_argument("--threads", type=int, default=1, help="torch threads per backend")
@@ -144,26 +111,25 @@ def main() -> int:
         router = f"http://127.0.0.1:{router_port}"
         for proc, b in zip(procs, backends + [router.removeprefix("http://")], strict=True):
             wait_healthy(f"http://{b}", proc, 600)
-        asyncio.run(workload(router, "smol", "warmup", argparse.Namespace(**{**vars(a), "tenants": a.backends,
-                                                                               "requests_per_tenant": 1})))
+        bench_serve(router, 999, argparse.Namespace(**{**vars(a), "prompts": a.backends, "groups": a.backends}),
+                    tmp / "warmup.json")
         rows = []
-        for strategy in a.strategies.split(","):
+        for seed, strategy in enumerate(a.strategies.split(",")):
             route(strategy)
             before = [(metric(f"http://{b}", "sglang:cached_tokens_total"),
                        metric(f"http://{b}", "sglang:prompt_tokens_total")) for b in backends]
-            results, wall = asyncio.run(workload(router, "smol", strategy, a))
+            summ = bench_serve(router, seed, a, tmp / f"{strategy}.json")
             after = [(metric(f"http://{b}", "sglang:cached_tokens_total"),
                       metric(f"http://{b}", "sglang:prompt_tokens_total")) for b in backends]
             cached = sum(x[0] - y[0] for x, y in zip(after, before, strict=True))
             prompt = sum(x[1] - y[1] for x, y in zip(after, before, strict=True))
-            ttfts = sorted(r["ttft"] for r in results)
             rows.append({
-                "strategy": strategy, "requests": len(results), "wall_s": round(wall, 2),
-                "req_per_s": round(len(results) / wall, 3),
-                "output_tok_per_s": round(sum(r["tokens"] for r in results) / wall, 2),
-                "ttft_mean_s": round(statistics.mean(ttfts), 3),
-                "ttft_p50_s": round(ttfts[len(ttfts) // 2], 3),
-                "ttft_p90_s": round(ttfts[int(len(ttfts) * 0.9)], 3),
+                "strategy": strategy, "requests": summ["completed"], "failed": summ["failed"],
+                "wall_s": round(summ["duration_s"], 2), "req_per_s": round(summ["request_throughput"], 3),
+                "output_tok_per_s": round(summ["output_throughput"], 2),
+                "ttft_mean_s": round(summ["ttft_ms"]["mean"] / 1e3, 3),
+                "ttft_p50_s": round(summ["ttft_ms"]["p50"] / 1e3, 3),
+                "ttft_p90_s": round(summ["ttft_ms"]["p90"] / 1e3, 3),
                 "cache_hit_rate": round(cached / prompt, 3) if prompt else 0.0,
             })
             print(json.dumps(rows[-1]), flush=True)

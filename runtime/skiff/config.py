@@ -15,6 +15,7 @@ class EngineConfig:
     tokenizer: str | None = None  # defaults to the model's own
     served_model_name: str | None = None
     dtype: DType = "auto"  # fp32 on CPU, bf16 on GPU
+    quantization: str | None = None  # "int8": int8 weights and activations on CPU (skiff.layers.quant)
     device: str = "auto"  # "cpu", "cuda" or "auto"
     tp: int = 1
     page_size: int = 16
@@ -44,5 +45,7 @@ class EngineConfig:
             raise ValueError(f"chunked_prefill_size must be >= 16, got {self.chunked_prefill_size}")
         if not 0.0 < self.mem_fraction < 1.0:
             raise ValueError(f"mem_fraction must be in (0, 1), got {self.mem_fraction}")
+        if self.quantization not in (None, "int8"):
+            raise ValueError(f"quantization must be None or 'int8', got {self.quantization!r}")
         if self.cuda_graph_max_bs < 0:
             raise ValueError(f"cuda_graph_max_bs must be >= 0, got {self.cuda_graph_max_bs}")

@@ -1,6 +1,6 @@
 """Pure-torch attention over the paged KV pool (CPU and GPU).
 
-Decodes are batched: their KV is gathered into a padded [B, L] block and attended with two matmuls.
+Decodes are batched: their KV pages are gathered into a padded [B, L] block and attended in one SDPA call.
 Prefill chunks go one sequence at a time through SDPA with a causal mask offset by the cached prefix.
 """
 
@@ -29,18 +29,17 @@ class TorchBackend(AttentionBackend):
         self._out_slots = batch.out_slots
         nd = batch.num_decode
         self.num_decode = nd
-        self.decode_slots = self.decode_mask = None
+        self.decode_pages = self.decode_mask = None
         if nd:
             lens = batch.seq_lens[:nd]
-            max_len = max(lens)
-            max_pages = -(-max_len // ps)
-            table = torch.zeros(nd, max_pages, dtype=torch.int64)
+            max_pages = -(-max(lens) // ps)
+            table = torch.zeros(nd, max_pages, dtype=torch.int64)  # page 0 pads: masked below
             for i, pages in enumerate(batch.page_tables[:nd]):
                 table[i, : len(pages)] = torch.tensor(pages[:max_pages], dtype=torch.int64)
-            slots = (table.unsqueeze(-1) * ps + torch.arange(ps)).reshape(nd, -1)[:, :max_len]
-            self.decode_slots = slots.to(device)
-            if min(lens) < max_len:  # padded rows: mask the padding, shaped to broadcast over heads
-                valid = torch.arange(max_len).unsqueeze(0) < torch.tensor(lens).unsqueeze(1)
+            self.decode_pages = table.reshape(-1).to(device)
+            self.decode_span = max_pages * ps
+            if min(lens) < self.decode_span:  # mask the tail of each padded row, shaped to broadcast over heads
+                valid = torch.arange(self.decode_span).unsqueeze(0) < torch.tensor(lens).unsqueeze(1)
                 self.decode_mask = valid[:, None, None, :].to(device)
         self.prefills: list[_Prefill] = []
         row = nd
@@ -75,9 +74,13 @@ class TorchBackend(AttentionBackend):
         return out
 
     def _decode(self, q: torch.Tensor, layer: int) -> torch.Tensor:
-        assert self.decode_slots is not None
-        keys = self.pool.k[layer][self.decode_slots].transpose(1, 2)  # [B, Hk, L, D]
-        values = self.pool.v[layer][self.decode_slots].transpose(1, 2)
+        # Gather whole pages (one contiguous block each) rather than single slots: far fewer, larger copies.
+        assert self.decode_pages is not None
+        b, ps = q.shape[0], self.pool.page_size
+        k_pages = self.pool.k[layer].view(-1, ps, *self.pool.k[layer].shape[1:])
+        v_pages = self.pool.v[layer].view(-1, ps, *self.pool.v[layer].shape[1:])
+        keys = k_pages.index_select(0, self.decode_pages).view(b, self.decode_span, -1, q.shape[-1]).transpose(1, 2)
+        values = v_pages.index_select(0, self.decode_pages).view(b, self.decode_span, -1, q.shape[-1]).transpose(1, 2)
         out = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=self.decode_mask,
                                              scale=self.scale, enable_gqa=True)
         return out.squeeze(2)  # [B, Hq, 1, D] -> [B, Hq, D]

@@ -13,6 +13,7 @@ from skiff.config import EngineConfig
 from skiff.distributed.parallel import tp_info
 from skiff.engine.forward_batch import ForwardBatch
 from skiff.kvcache.pool import KVPool
+from skiff.layers.quant import check_supported, quantize_linears
 from skiff.loader import iter_tensors, load_weights
 from skiff.models import ModelConfig, build_model
 
@@ -47,6 +48,9 @@ class ModelRunner:
         model.to(dtype)
         model.rotary.cos_sin = cos_sin
         load_weights(model, (( n, t.to(dtype)) for n, t in iter_tensors(path, raw_cfg)), model_cfg.tie_word_embeddings)
+        if cfg.quantization is not None:
+            check_supported(cfg.quantization, device, dtype)
+            log.info("int8: quantized %d linear layers", quantize_linears(model))
         self.model = model.eval()
         attn = model.layers[0].self_attn
         self.num_heads, self.num_kv_heads = attn.num_heads, attn.num_kv_heads

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from skiff.distributed.parallel import all_gather_last_dim, all_reduce, tp_info
+from skiff.layers.quant import Int8Linear
 
 
 def _copy_checked(param: torch.Tensor, value: torch.Tensor, what: str) -> None:
@@ -50,6 +51,7 @@ class ColumnParallelLinear(nn.Module):
         if bias:
             self.bias = nn.Parameter(torch.empty(out), requires_grad=False)
             self.bias.weight_loader = self._load  # type: ignore[attr-defined]
+        self.int8: Int8Linear | None = None  # set by quantize_linears
 
     def _slice(self, tensor: torch.Tensor, part: int) -> torch.Tensor:
         tp = tp_info()
@@ -71,6 +73,8 @@ class ColumnParallelLinear(nn.Module):
         _copy_checked(param.data[offset : offset + size], self._slice(tensor, part), getattr(param, "skiff_name", "linear"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.int8 is not None:
+            return self.int8(x)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -89,6 +93,7 @@ class RowParallelLinear(nn.Module):
         self.bias = None
         if bias:
             self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False)
+        self.int8: Int8Linear | None = None
 
     def _load(self, param: nn.Parameter, tensor: torch.Tensor, part: object = None) -> None:
         rank = tp_info().rank
@@ -97,7 +102,7 @@ class RowParallelLinear(nn.Module):
         _copy_checked(param, tensor[:, rank * self.local_in : (rank + 1) * self.local_in], getattr(param, "skiff_name", "linear"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = all_reduce(F.linear(x, self.weight), self.tp)
+        y = all_reduce(self.int8(x) if self.int8 is not None else F.linear(x, self.weight), self.tp)
         return y if self.bias is None else y + self.bias
 
 
@@ -113,6 +118,7 @@ class VocabParallelEmbedding(nn.Module):
         self.start = tp.rank * self.per_rank
         self.weight = nn.Parameter(torch.zeros(self.per_rank, dim), requires_grad=False)
         self.weight.weight_loader = self._load  # type: ignore[attr-defined]
+        self.int8: Int8Linear | None = None  # the LM head's int8 twin (set by quantize_linears)
 
     def _load(self, param: nn.Parameter, tensor: torch.Tensor, part: object = None) -> None:
         if tensor.shape != (self.vocab_size, param.shape[1]):
@@ -132,4 +138,5 @@ class VocabParallelEmbedding(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, dim] -> [N, vocab] full logits on every rank."""
-        return all_gather_last_dim(F.linear(hidden, self.weight), self.tp)[..., : self.vocab_size]
+        local = self.int8(hidden) if self.int8 is not None else F.linear(hidden, self.weight)
+        return all_gather_last_dim(local, self.tp)[..., : self.vocab_size]

@@ -1,0 +1,68 @@
+"""Opt-in int8 linear layers for CPU (`--quantization int8`): int8 weights, int8 activations, fbgemm kernels.
+
+Weights are quantized once after loading, symmetric per output channel; activations are quantized on each
+call by fbgemm's dynamic linear, per token: each row is divided by its absolute maximum first, so that
+fbgemm's per-tensor range is every row's own, and the output row is scaled back (one token's outlier no longer
+coarsens the whole batch). The range is 7-bit because AVX2 without VNNI accumulates u8 x s8 pairs in
+saturating int16, which a full 8-bit range overflows. This is the trade llama.cpp makes on CPU (integer dot
+products of quantized weights and activations): a measured loss of quality (docs/performance.md) for ~4x less
+weight traffic per decode step and ~2.5x the matmul rate of fp32. GPU paths never take it.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+QUANTIZATIONS = ("int8",)
+
+
+class Int8Linear:
+    """y = x W^T (+ b) through fbgemm's dynamic int8 linear; W is quantized per output channel."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        w = weight.detach().float()
+        scale = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-12).double()
+        zero = torch.zeros(w.shape[0], dtype=torch.long)
+        qweight = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
+        self.packed = torch.ops.quantized.linear_prepack(qweight, None)
+        self.bias = None if bias is None else bias.detach().float()
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        amax = x.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12)
+        y = torch.ops.quantized.linear_dynamic((x / amax).contiguous(), self.packed, True) * amax
+        return y if self.bias is None else y + self.bias
+
+
+def check_supported(quantization: str | None, device: torch.device, dtype: torch.dtype) -> None:
+    if quantization is None:
+        return
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"unknown quantization {quantization!r} (supported: {', '.join(QUANTIZATIONS)})")
+    if device.type != "cpu":
+        raise ValueError("--quantization int8 is a CPU path (fbgemm); on GPU serve bf16")
+    if dtype != torch.float32:
+        raise ValueError("--quantization int8 computes around fp32 activations: use --dtype float32 (or auto)")
+    if "fbgemm" not in torch.backends.quantized.supported_engines:
+        raise ValueError("--quantization int8 needs a torch build with fbgemm (x86)")
+
+
+def quantize_linears(model: nn.Module) -> int:
+    """Give every linear layer (and the LM head) an int8 twin; fp32 weights of linears are released."""
+    from skiff.layers.linear import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+
+    count = 0
+    for module in model.modules():
+        if isinstance(module, ColumnParallelLinear):
+            module.int8 = Int8Linear(module.weight, module.bias)
+        elif isinstance(module, RowParallelLinear):
+            module.int8 = Int8Linear(module.weight)  # its bias is added after the all-reduce
+        else:
+            continue
+        module.weight.data = torch.empty(0)
+        count += 1
+    head = getattr(model, "lm_head", None)
+    if isinstance(head, VocabParallelEmbedding):  # tied heads keep fp32 rows for the embedding lookup
+        head.int8 = Int8Linear(head.weight)
+        count += 1
+    return count
