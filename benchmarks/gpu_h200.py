@@ -595,13 +595,22 @@ def profile_section(path: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def serve_section(path: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """`skiff serve` on the Qwen3-0.6B shape, driven by `skiff bench serve` at several Poisson request rates."""
+    """`skiff serve` on the Qwen3-0.6B shape (vocabulary cut to the tokenizer's), driven by `skiff bench serve` at
+    several Poisson request rates."""
     import socket
     import subprocess
 
     import httpx
 
+    from skiff.tokenizer import load_tokenizer
+
     tok = args.tokenizer or str(path)
+    if args.tokenizer:  # the served model's vocabulary must be the tokenizer's, or most output ids decode to ""
+        path = path.with_name(path.name + "_tokenizer_vocab")
+        vocab = len(load_tokenizer(args.tokenizer))
+        del_model = build_hf(dict(QWEN3_06B if not args.cpu else {"cls": "Qwen3Config"}, vocab_size=vocab), path, args)
+        del del_model
+        free()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
