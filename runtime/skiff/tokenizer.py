@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
@@ -36,7 +37,7 @@ def load_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
             tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
             tok.save_pretrained(str(tmp))
             os.replace(tmp, cached)
-        except OSError:
-            pass  # a read-only cache only costs the conversion next time
+        except OSError:  # a read-only cache (the conversion again next time), or another process was first
+            shutil.rmtree(tmp, ignore_errors=True)
         return tok
     return AutoTokenizer.from_pretrained(str(p))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -206,6 +207,8 @@ def gguf_as_hf_dir(path: Path, cache_root: Path) -> Path | None:
         save_file(tensors, str(tmp / "model.safetensors"))
         (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
         os.replace(tmp, out)
-    except OSError:
-        return None
+    except OSError:  # a read-only cache, or another process renamed its copy into place first
+        shutil.rmtree(tmp, ignore_errors=True)
+        complete = (out / "model.safetensors").is_file() and (out / "config.json").is_file()
+        return out if complete else None
     return out
