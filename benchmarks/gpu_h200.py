@@ -601,7 +601,6 @@ def serve_section(path: Path, args: argparse.Namespace) -> dict[str, Any]:
     import subprocess
 
     import httpx
-
     from skiff.tokenizer import load_tokenizer
 
     tok = args.tokenizer or str(path)
