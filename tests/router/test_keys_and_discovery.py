@@ -131,3 +131,43 @@ def test_registry_keeps_endpoint_state_across_updates():
     assert not pool.ready.is_set()
     reg.update([])
     assert reg.lookup("m") is None and pool.ready.is_set()  # held requests wake up and see the removal
+
+
+def test_replicas_share_each_limit():
+    """Three router replicas behind one Service: together they admit the key's rpm, not three times it."""
+    clock = Clock()
+    replicas = [KeyStore(clock, share=3) for _ in range(3)]
+    for r in replicas:
+        r.set_keys([ApiKey("a", "sk-a", rpm=7, tpm=1000)])
+    admitted = 0
+    for i in range(12):  # the Service spreads requests over the replicas
+        try:
+            _, headers = authorize(replicas[i % 3], "Bearer sk-a", "m", required=True)
+            admitted += 1
+        except AuthError as e:
+            assert e.status == 429
+    assert admitted == 9  # ceil(7 / 3) = 3 per replica: within one replica's share of the limit
+    assert headers["x-ratelimit-limit-requests"] == "3" and headers["x-ratelimit-limit-tokens"] == "334"
+    replicas[0].set_share(1)  # a lone replica again: the whole limit
+    _, headers = authorize(replicas[0], "Bearer sk-a", "m", required=True)
+    assert headers["x-ratelimit-limit-requests"] == "7" and headers["x-ratelimit-remaining-requests"] == "3"
+
+
+def test_router_counts_its_ready_peers():
+    from skiff.router.kube import KubeSource
+
+    def slice_(*ready: bool) -> dict:
+        return {"ports": [{"name": "http", "port": 8080}],
+                "endpoints": [{"addresses": [f"10.0.0.{i}"], "conditions": {"ready": r}} for i, r in enumerate(ready)]}
+
+    class Custom:
+        def list_namespaced_custom_object(self, group, version, namespace, plural, label_selector):
+            assert (group, plural, namespace) == ("discovery.k8s.io", "endpointslices", "skiff-system")
+            assert label_selector == "kubernetes.io/service-name=skiff-router"
+            return {"items": [slice_(True, True, False)]}
+
+    source = object.__new__(KubeSource)
+    source.peers_service, source.peers_namespace, source._custom = "skiff-router", "skiff-system", Custom()
+    assert source._peer_count() == 2
+    source.peers_service = None
+    assert source._peer_count() is None

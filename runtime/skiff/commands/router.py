@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,6 +27,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-attempts", type=int, default=3, help="endpoints tried before the first byte")
     parser.add_argument("--require-api-key", action="store_true",
                         help="every model needs a key (otherwise only models with an apiKeySecretRef)")
+    parser.add_argument("--quota-replicas", type=int, default=1,
+                        help="router replicas sharing the API-key quotas: each enforces 1/N of every limit")
+    parser.add_argument("--peers-service", default=None,
+                        help="the routers' own Service: its ready endpoints give --quota-replicas while running "
+                             "(namespace from $POD_NAMESPACE)")
     parser.add_argument("--log-level", default="info")
 
 
@@ -43,13 +49,15 @@ def run(args: argparse.Namespace) -> int:
         from skiff.router.kube import KubeSource
 
         source = KubeSource(namespaces=tuple(args.namespace or ()), interval=args.refresh_interval,
-                            kubeconfig=args.kubeconfig)
-    for name in ("hold_cap", "max_attempts"):
+                            kubeconfig=args.kubeconfig, peers_service=args.peers_service,
+                            peers_namespace=os.environ.get("POD_NAMESPACE", "default"))
+    for name in ("hold_cap", "max_attempts", "quota_replicas"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 1")
     config = RouterConfig(hold_cap=args.hold_cap, hold_timeout=args.hold_timeout,
                           keepalive_interval=args.keepalive_interval, retry_after=args.retry_after,
-                          max_attempts=args.max_attempts, require_api_key=args.require_api_key)
+                          max_attempts=args.max_attempts, require_api_key=args.require_api_key,
+                          quota_replicas=args.quota_replicas)
     uvicorn.run(create_app(source, config), host=args.host, port=args.port, log_level=args.log_level.lower(),
                 timeout_graceful_shutdown=30)
     return 0

@@ -34,6 +34,7 @@ class RouterConfig:
     max_attempts: int = 3  # endpoints tried before the first byte
     connect_timeout: float = 3.0
     require_api_key: bool = False  # True: every model needs a key; else only models with apiKeySecretRef
+    quota_replicas: int = 1  # router replicas sharing each key's limits (kube discovery may update it)
 
 
 def error(status: int, message: str, code: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -51,7 +52,8 @@ def sse_error(status: int, message: str, code: str) -> bytes:
 class Router:
     def __init__(self, source: Source, config: RouterConfig) -> None:
         self.source, self.config = source, config
-        self.registry, self.keys, self.metrics = Registry(), KeyStore(), RouterMetrics()
+        self.registry, self.metrics = Registry(), RouterMetrics()
+        self.keys = KeyStore(share=config.quota_replicas)
         self.holder = Holder(self.registry, source, self.metrics, config.hold_cap, config.hold_timeout)
         self.client: httpx.AsyncClient | None = None
         self.discovered = False

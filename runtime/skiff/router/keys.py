@@ -75,12 +75,23 @@ class _Usage:
 
 
 class KeyStore:
-    """Keys by secret plus the usage windows (kept by key name, so a rotated secret keeps its quota)."""
+    """Keys by secret plus the usage windows (kept by key name, so a rotated secret keeps its quota).
 
-    def __init__(self, clock=time.monotonic) -> None:
+    With N router replicas behind one Service each enforces 1/N of every limit (`share`), so that a key's
+    total stays near its limit while the Service spreads its requests over the replicas.
+    """
+
+    def __init__(self, clock=time.monotonic, share: int = 1) -> None:
         self._keys: dict[str, ApiKey] = {}
         self._usage: dict[str, _Usage] = {}
         self._clock = clock
+        self.share = max(1, share)
+
+    def set_share(self, replicas: int) -> None:
+        self.share = max(1, replicas)
+
+    def _limit(self, value: int | None) -> int | None:
+        return None if value is None else max(1, math.ceil(value / self.share))
 
     def set_keys(self, keys: list[ApiKey]) -> None:
         self._keys = {k.secret: k for k in keys}
@@ -99,11 +110,12 @@ class KeyStore:
         now = self._clock()
         usage = self._usage.setdefault(key.name, _Usage())
         usage.expire(now)
-        if key.rpm is not None and len(usage.requests) >= key.rpm:
+        rpm, tpm = self._limit(key.rpm), self._limit(key.tpm)
+        if rpm is not None and len(usage.requests) >= rpm:
             wait = usage.requests[0] + WINDOW - now if usage.requests else WINDOW
             raise AuthError(429, "rate_limit_exceeded", f"api key {key.name!r} is over its {key.rpm} requests per minute",
                             {**self.headers(key, now), "Retry-After": str(max(1, math.ceil(wait)))})
-        if key.tpm is not None and usage.token_sum >= key.tpm:
+        if tpm is not None and usage.token_sum >= tpm:
             wait = usage.tokens[0][0] + WINDOW - now if usage.tokens else WINDOW
             raise AuthError(429, "rate_limit_exceeded", f"api key {key.name!r} is over its {key.tpm} tokens per minute",
                             {**self.headers(key, now), "Retry-After": str(max(1, math.ceil(wait)))})
@@ -122,15 +134,16 @@ class KeyStore:
         usage = self._usage.setdefault(key.name, _Usage())
         usage.expire(now)
         out: dict[str, str] = {}
-        if key.rpm is not None:
+        rpm, tpm = self._limit(key.rpm), self._limit(key.tpm)  # this replica's share, as it enforces them
+        if rpm is not None:
             reset = usage.requests[0] + WINDOW - now if usage.requests else 0.0
-            out |= {"x-ratelimit-limit-requests": str(key.rpm),
-                    "x-ratelimit-remaining-requests": str(max(0, key.rpm - len(usage.requests))),
+            out |= {"x-ratelimit-limit-requests": str(rpm),
+                    "x-ratelimit-remaining-requests": str(max(0, rpm - len(usage.requests))),
                     "x-ratelimit-reset-requests": f"{max(0.0, reset):.0f}s"}
-        if key.tpm is not None:
+        if tpm is not None:
             reset = usage.tokens[0][0] + WINDOW - now if usage.tokens else 0.0
-            out |= {"x-ratelimit-limit-tokens": str(key.tpm),
-                    "x-ratelimit-remaining-tokens": str(max(0, key.tpm - usage.token_sum)),
+            out |= {"x-ratelimit-limit-tokens": str(tpm),
+                    "x-ratelimit-remaining-tokens": str(max(0, tpm - usage.token_sum)),
                     "x-ratelimit-reset-tokens": f"{max(0.0, reset):.0f}s"}
         return out
 

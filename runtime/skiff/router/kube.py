@@ -117,6 +117,8 @@ class KubeSource:
     namespaces: tuple[str, ...] = ()
     interval: float = 2.0
     kubeconfig: str | None = None  # default: in-cluster service account, else the usual kubeconfig
+    peers_service: str | None = None  # the routers' own Service: its ready endpoints divide the quotas
+    peers_namespace: str = "default"
 
     def __post_init__(self) -> None:
         from kubernetes import client, config
@@ -178,11 +180,30 @@ class KubeSource:
                     log.warning("apiKeySecretRef %s/%s unreadable: %s", ns, name, e)
         return isvcs, slices, secret_dicts
 
+    def _peer_count(self) -> int | None:
+        """Ready router replicas: the addresses of the routers' own Service's EndpointSlices."""
+        if not self.peers_service:
+            return None
+        try:
+            out = self._custom.list_namespaced_custom_object(
+                "discovery.k8s.io", "v1", self.peers_namespace, "endpointslices",
+                label_selector=f"kubernetes.io/service-name={self.peers_service}")
+        except Exception as e:  # RBAC or an old cluster: keep the configured share
+            if not getattr(self, "_peers_warned", False):
+                log.warning("cannot count router replicas through %s/%s (keeping --quota-replicas): %s",
+                            self.peers_namespace, self.peers_service, e)
+                self._peers_warned = True
+            return None
+        return len({a for s in out.get("items", []) for a in slice_addresses(s)})
+
     async def refresh(self, registry: Registry, keys: KeyStore) -> None:
         isvcs, slices, secrets = await asyncio.to_thread(self._list)
         specs = pools_from_objects(isvcs, slices, secrets)
         registry.update(specs)
         keys.set_keys(pod_keys(specs) + keys_from_secrets(secrets))
+        peers = await asyncio.to_thread(self._peer_count)
+        if peers:  # 0 while this replica is not ready yet: keep the last share
+            keys.set_share(peers)
 
     async def scale_from_zero(self, spec: PoolSpec) -> bool:
         """Set replicas 0 -> 1 through the scale subresource (the autoscaler takes it from there)."""
