@@ -1,6 +1,7 @@
 """Pure-torch attention over the paged KV pool (CPU and GPU).
 
-Decodes are batched: their KV pages are gathered into a padded [B, L] block and attended in one SDPA call.
+Decodes are batched: their KV pages are gathered into a padded [B, L] block and attended in one SDPA call;
+on CPU in fp32, Skiff's decode kernel (skiff.kernels.cpu) reads the pages in place instead.
 Prefill chunks go one sequence at a time through SDPA with a causal mask offset by the cached prefix.
 """
 
@@ -13,6 +14,7 @@ import torch.nn.functional as F
 
 from skiff.attention.base import AttentionBackend
 from skiff.engine.forward_batch import ForwardBatch
+from skiff.kernels import cpu as cpu_kernels
 
 
 @dataclass
@@ -36,9 +38,12 @@ class TorchBackend(AttentionBackend):
             table = torch.zeros(nd, max_pages, dtype=torch.int64)  # page 0 pads: masked below
             for i, pages in enumerate(batch.page_tables[:nd]):
                 table[i, : len(pages)] = torch.tensor(pages[:max_pages], dtype=torch.int64)
+            self.in_place = device.type == "cpu" and cpu_kernels.usable(self.pool.k[0])
+            if self.in_place:
+                self.decode_table, self.decode_lens = table, torch.tensor(lens, dtype=torch.int64)
             self.decode_pages = table.reshape(-1).to(device)
             self.decode_span = max_pages * ps
-            if min(lens) < self.decode_span:  # mask the tail of each padded row, shaped to broadcast over heads
+            if min(lens) < self.decode_span and not self.in_place:  # mask the tail of each padded row, shaped to broadcast over heads
                 valid = torch.arange(self.decode_span).unsqueeze(0) < torch.tensor(lens).unsqueeze(1)
                 self.decode_mask = valid[:, None, None, :].to(device)
         self.prefills: list[_Prefill] = []
@@ -77,6 +82,9 @@ class TorchBackend(AttentionBackend):
         # Gather whole pages (one contiguous block each) rather than single slots: far fewer, larger copies.
         assert self.decode_pages is not None
         b, ps = q.shape[0], self.pool.page_size
+        if self.in_place:
+            return cpu_kernels.ops().paged_decode_attention(q, self.pool.k[layer], self.pool.v[layer], self.decode_table,
+                                                            self.decode_lens, ps, self.scale)
         k_pages = self.pool.k[layer].view(-1, ps, *self.pool.k[layer].shape[1:])
         v_pages = self.pool.v[layer].view(-1, ps, *self.pool.v[layer].shape[1:])
         keys = k_pages.index_select(0, self.decode_pages).view(b, self.decode_span, -1, q.shape[-1]).transpose(1, 2)

@@ -12,6 +12,7 @@ from skiff.attention.base import get_backend
 from skiff.config import EngineConfig
 from skiff.distributed.parallel import tp_info
 from skiff.engine.forward_batch import ForwardBatch
+from skiff.kernels import cpu as cpu_kernels
 from skiff.kvcache.pool import KVPool
 from skiff.layers.quant import check_supported, quantize_linears
 from skiff.loader import iter_tensors, load_weights
@@ -52,6 +53,8 @@ class ModelRunner:
             check_supported(cfg.quantization, device, dtype)
             log.info("int8: quantized %d linear layers", quantize_linears(model))
         self.model = model.eval()
+        if device.type == "cpu" and dtype == torch.float32:  # build or load them now, not inside the first request
+            log.info("CPU kernels: %s", "on" if cpu_kernels.available() else "off (pure-torch ops)")
         attn = model.layers[0].self_attn
         self.num_heads, self.num_kv_heads = attn.num_heads, attn.num_kv_heads
         self.num_pages = self._num_pages()

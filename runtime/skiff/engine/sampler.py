@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from skiff.kernels import cpu as cpu_kernels
 from skiff.layers import fused
 from skiff.params import SamplingParams
 
@@ -71,7 +72,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
     if any(p.needs_penalties for p in params):
         logits = logits.clone()  # the runner's logits are inference tensors: no in-place update outside it
         apply_penalties(logits, params, prompts, outputs)
-    tokens = logits.argmax(dim=-1)
+    tokens = cpu_kernels.ops().argmax_rows(logits) if cpu_kernels.usable(logits) else logits.argmax(dim=-1)
     sampled = [i for i, p in enumerate(params) if not p.greedy]
     if sampled:
         idx = torch.tensor(sampled, device=logits.device)
@@ -153,7 +154,7 @@ def sample_device(logits: torch.Tensor, params: list[SamplingParams], generators
     if len(sampled) == len(params):
         tokens = _sample_rows(logits, params, generators)
     else:
-        tokens = logits.argmax(dim=-1)
+        tokens = cpu_kernels.ops().argmax_rows(logits) if cpu_kernels.usable(logits) else logits.argmax(dim=-1)
         if sampled:
             idx = _to_device(sampled, logits.device, torch.int64)
             rows = _sample_rows(logits.index_select(0, idx), [params[i] for i in sampled],

@@ -11,8 +11,12 @@ weight traffic per decode step and ~2.5x the matmul rate of fp32. GPU paths neve
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
+
+from skiff.kernels import cpu as cpu_kernels
 
 QUANTIZATIONS = ("int8",)
 
@@ -24,13 +28,19 @@ class Int8Linear:
         w = weight.detach().float()
         scale = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-12).double()
         zero = torch.zeros(w.shape[0], dtype=torch.long)
-        qweight = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
+        with warnings.catch_warnings():  # torch 2.13 flags quantized tensors as deprecated; fbgemm still takes them
+            warnings.simplefilter("ignore", UserWarning)
+            qweight = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
         self.packed = torch.ops.quantized.linear_prepack(qweight, None)
         self.bias = None if bias is None else bias.detach().float()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        amax = x.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12)
-        y = torch.ops.quantized.linear_dynamic((x / amax).contiguous(), self.packed, True) * amax
+        if x.dim() == 2 and cpu_kernels.usable(x):
+            x, amax = cpu_kernels.ops().row_normalize(x)
+        else:
+            amax = x.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12)
+            x = (x / amax).contiguous()
+        y = torch.ops.quantized.linear_dynamic(x, self.packed, True).mul_(amax)
         return y if self.bias is None else y + self.bias
 
 

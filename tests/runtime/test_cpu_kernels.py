@@ -1,0 +1,124 @@
+"""Skiff's fused CPU kernels against the torch ops they replace, and the engine with them on and off."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from skiff.kernels import cpu as cpu_kernels
+from skiff.layers.rotary import RopeConfig, RotaryEmbedding
+
+pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="no C++ compiler for the CPU kernels")
+
+
+@pytest.fixture(scope="module")
+def k():
+    return cpu_kernels.ops()
+
+
+def ref_rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def test_rms_norm_on_strided_rows_and_heads(k) -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(7, 100, generator=g)
+    w = torch.randn(64, generator=g)
+    rows = x[:, 10:74]  # row-strided view
+    torch.testing.assert_close(k.rms_norm(rows, w, 1e-6), ref_rms(rows, w, 1e-6))
+    heads = x[:, :96].view(7, 3, 32)  # [T, H, D] view with a row stride of 100
+    w32 = torch.randn(32, generator=g)
+    torch.testing.assert_close(k.rms_norm(heads, w32, 1e-5), ref_rms(heads, w32, 1e-5))
+
+
+def test_add_rms_norm_updates_both_in_place(k) -> None:
+    g = torch.Generator().manual_seed(1)
+    x, r, w = torch.randn(5, 576, generator=g), torch.randn(5, 576, generator=g), torch.randn(576, generator=g)
+    xs, rs = x.clone(), r.clone()
+    k.add_rms_norm_(xs, rs, w, 1e-5)
+    torch.testing.assert_close(rs, x + r)
+    torch.testing.assert_close(xs, ref_rms(x + r, w, 1e-5))
+
+
+@pytest.mark.parametrize("rotary_dim", [64, 32])
+def test_rope_matches_the_torch_rotary(k, rotary_dim: int) -> None:
+    g = torch.Generator().manual_seed(2)
+    rot = RotaryEmbedding(RopeConfig(rotary_dim, 10000.0, 4096), 64)
+    qkv = torch.randn(9, 4 * 64 + 2 * 64 + 2 * 64, generator=g)
+    q, kk = qkv[:, :256], qkv[:, 256:384]
+    pos = torch.randint(0, 4096, (9,), generator=g)
+    want_q, want_k = rot(pos, q.reshape(9, 4, 64).clone(), kk.reshape(9, 2, 64).clone())
+    k.rope_(q, kk, pos, rot.cos_sin, 64)
+    torch.testing.assert_close(q.reshape(9, 4, 64), want_q)
+    torch.testing.assert_close(kk.reshape(9, 2, 64), want_k)
+    with pytest.raises(RuntimeError, match="position out of range"):
+        k.rope_(q, kk, torch.full((9,), 4096), rot.cos_sin, 64)
+
+
+def test_silu_and_mul_and_row_normalize(k) -> None:
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 2 * 300, generator=g) * 8  # large magnitudes exercise the exp range clamp
+    torch.testing.assert_close(k.silu_and_mul(x), F.silu(x[:, :300]) * x[:, 300:], rtol=1e-5, atol=1e-5)
+    y = torch.randn(4, 77, generator=g)
+    y[2] = 0  # an all-zero row keeps its floor scale instead of dividing by zero
+    xs, amax = k.row_normalize(y)
+    want_amax = y.abs().amax(-1, keepdim=True).clamp_min(1e-12)
+    torch.testing.assert_close(amax, want_amax)
+    torch.testing.assert_close(xs, y / want_amax)
+
+
+def test_argmax_rows_takes_the_first_maximum(k) -> None:
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(6, 49152, generator=g)
+    x[1, 7] = x[1, 30000] = 100.0  # a tie: the first index wins, as with torch.argmax
+    x[2, -1] = 50.0
+    assert torch.equal(k.argmax_rows(x), x.argmax(dim=-1))
+    assert torch.equal(k.argmax_rows(x[:, 1000:2000]), x[:, 1000:2000].argmax(dim=-1))
+
+
+@pytest.mark.parametrize(("page_size", "hq", "hkv", "head_dim"), [(16, 9, 3, 64), (1, 4, 4, 64), (256, 8, 1, 128), (7, 6, 2, 48)])
+def test_paged_decode_attention_matches_sdpa(k, page_size: int, hq: int, hkv: int, head_dim: int) -> None:
+    g = torch.Generator().manual_seed(4)
+    lens = torch.tensor([1, page_size, page_size + 1, 37, 333])
+    batch, max_pages = len(lens), int(-(-lens.max() // page_size))
+    num_pages = batch * max_pages + 8
+    kc = torch.randn(num_pages * page_size, hkv, head_dim, generator=g)
+    vc = torch.randn(num_pages * page_size, hkv, head_dim, generator=g)
+    table = (torch.randperm(num_pages - 1, generator=g)[: batch * max_pages] + 1).view(batch, max_pages)
+    q = torch.randn(batch, hq, head_dim, generator=g)
+    out = k.paged_decode_attention(q, kc, vc, table, lens, page_size, head_dim**-0.5)
+    for b in range(batch):
+        slots = (table[b].unsqueeze(1) * page_size + torch.arange(page_size)).reshape(-1)[: lens[b]]
+        want = F.scaled_dot_product_attention(q[b].unsqueeze(1), kc[slots].transpose(0, 1), vc[slots].transpose(0, 1),
+                                              enable_gqa=True).squeeze(1)
+        torch.testing.assert_close(out[b], want, rtol=1e-4, atol=1e-5)
+
+
+def test_paged_decode_attention_rejects_a_page_outside_the_pool(k) -> None:
+    kc = torch.zeros(64, 1, 64)
+    with pytest.raises(RuntimeError, match="page out of pool"):
+        k.paged_decode_attention(torch.zeros(1, 1, 64), kc, kc, torch.tensor([[4]]), torch.tensor([16]), 16, 0.125)
+
+
+GREEDY = """
+import json, sys
+from skiff import LLM, SamplingParams
+llm = LLM(model=None, dtype="float32", num_threads=2, max_total_tokens=4096)
+prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
+outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
+print(json.dumps([o.token_ids for o in outs]))
+"""
+
+
+def test_engine_greedy_tokens_equal_with_and_without_the_kernels() -> None:
+    def run(disable: bool) -> list[list[int]]:
+        env = dict(os.environ, SKIFF_DISABLE_FUSED_OPS="1" if disable else "0")
+        out = subprocess.run([sys.executable, "-c", GREEDY], env=env, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return __import__("json").loads(out.stdout.strip().splitlines()[-1])
+
+    assert run(False) == run(True)
