@@ -16,6 +16,7 @@ class EngineConfig:
     served_model_name: str | None = None
     dtype: DType = "auto"  # fp32 on CPU, bf16 on GPU
     quantization: str | None = None  # "int8": int8 weights and activations on CPU (skiff.layers.quant)
+    kv_cache_dtype: DType = "auto"  # the KV pool's dtype; "auto": the model's. Others: CPU only (SGLang's flag)
     device: str = "auto"  # "cpu", "cuda" or "auto"
     tp: int = 1
     page_size: int = 16
@@ -47,5 +48,7 @@ class EngineConfig:
             raise ValueError(f"mem_fraction must be in (0, 1), got {self.mem_fraction}")
         if self.quantization not in (None, "int8"):
             raise ValueError(f"quantization must be None or 'int8', got {self.quantization!r}")
+        if self.kv_cache_dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"kv_cache_dtype must be auto, float32, bfloat16 or float16, got {self.kv_cache_dtype!r}")
         if self.cuda_graph_max_bs < 0:
             raise ValueError(f"cuda_graph_max_bs must be >= 0, got {self.cuda_graph_max_bs}")

@@ -38,7 +38,8 @@ class TorchBackend(AttentionBackend):
             table = torch.zeros(nd, max_pages, dtype=torch.int64)  # page 0 pads: masked below
             for i, pages in enumerate(batch.page_tables[:nd]):
                 table[i, : len(pages)] = torch.tensor(pages[:max_pages], dtype=torch.int64)
-            self.in_place = device.type == "cpu" and cpu_kernels.usable(self.pool.k[0])
+            self.in_place = (device.type == "cpu" and self.pool.compute_dtype == torch.float32
+                             and cpu_kernels.available())
             if self.in_place:
                 self.decode_table, self.decode_lens = table, torch.tensor(lens, dtype=torch.int64)
             self.decode_pages = table.reshape(-1).to(device)
@@ -72,8 +73,8 @@ class TorchBackend(AttentionBackend):
                 ki, vi = k[p.rows].transpose(0, 1), v[p.rows].transpose(0, 1)
                 oi = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=self.scale, enable_gqa=True)
             else:
-                ki = k_buf.index_select(0, p.kv_slots).transpose(0, 1)
-                vi = v_buf.index_select(0, p.kv_slots).transpose(0, 1)
+                ki = k_buf.index_select(0, p.kv_slots).to(q.dtype).transpose(0, 1)
+                vi = v_buf.index_select(0, p.kv_slots).to(q.dtype).transpose(0, 1)
                 oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=p.mask, scale=self.scale, enable_gqa=True)
             out[p.rows] = oi.transpose(0, 1)
         return out
@@ -87,8 +88,8 @@ class TorchBackend(AttentionBackend):
                                                             self.decode_lens, ps, self.scale)
         k_pages = self.pool.k[layer].view(-1, ps, *self.pool.k[layer].shape[1:])
         v_pages = self.pool.v[layer].view(-1, ps, *self.pool.v[layer].shape[1:])
-        keys = k_pages.index_select(0, self.decode_pages).view(b, self.decode_span, -1, q.shape[-1]).transpose(1, 2)
-        values = v_pages.index_select(0, self.decode_pages).view(b, self.decode_span, -1, q.shape[-1]).transpose(1, 2)
+        keys = k_pages.index_select(0, self.decode_pages).to(q.dtype).view(b, self.decode_span, -1, q.shape[-1]).transpose(1, 2)
+        values = v_pages.index_select(0, self.decode_pages).to(q.dtype).view(b, self.decode_span, -1, q.shape[-1]).transpose(1, 2)
         out = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=self.decode_mask,
                                              scale=self.scale, enable_gqa=True)
         return out.squeeze(2)  # [B, Hq, 1, D] -> [B, Hq, D]

@@ -57,9 +57,12 @@ class ModelRunner:
             log.info("CPU kernels: %s", "on" if cpu_kernels.available() else "off (pure-torch ops)")
         attn = model.layers[0].self_attn
         self.num_heads, self.num_kv_heads = attn.num_heads, attn.num_kv_heads
+        self.kv_dtype = dtype if cfg.kv_cache_dtype == "auto" else DTYPES[cfg.kv_cache_dtype]
+        if self.kv_dtype != dtype and device.type != "cpu":
+            raise ValueError("--kv-cache-dtype other than the model's dtype is a CPU path (the torch backend)")
         self.num_pages = self._num_pages()
         self.pool = KVPool(model_cfg.num_layers, self.num_pages, cfg.page_size, self.num_kv_heads,
-                           model_cfg.head_dim, dtype, device)
+                           model_cfg.head_dim, self.kv_dtype, device, compute_dtype=dtype)
         backend = cfg.attention_backend
         if backend == "auto":
             backend = "flashinfer" if device.type == "cuda" and _has_flashinfer() else "torch"
@@ -75,7 +78,7 @@ class ModelRunner:
 
     def _num_pages(self) -> int:
         per_token = KVPool.bytes_per_token(self.model_cfg.num_layers, self.num_kv_heads, self.model_cfg.head_dim,
-                                           self.dtype)
+                                           self.kv_dtype)
         if self.cfg.max_total_tokens is not None:
             tokens = self.cfg.max_total_tokens
         elif self.device.type == "cuda":

@@ -11,7 +11,9 @@ import torch
 
 class KVPool:
     def __init__(self, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
+                 dtype: torch.dtype, device: torch.device, compute_dtype: torch.dtype | None = None) -> None:
+        self.dtype = dtype  # what the pool stores
+        self.compute_dtype = compute_dtype or dtype  # what the model writes and attention computes in
         self.num_pages = num_pages
         self.page_size = page_size
         self.num_slots = num_pages * page_size
@@ -24,8 +26,8 @@ class KVPool:
         return 2 * num_layers * num_kv_heads * head_dim * torch.finfo(dtype).bits // 8
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k[layer].index_copy_(0, slots, k)
-        self.v[layer].index_copy_(0, slots, v)
+        self.k[layer].index_copy_(0, slots, k.to(self.dtype))
+        self.v[layer].index_copy_(0, slots, v.to(self.dtype))
 
 
 class PageAllocator:
