@@ -603,6 +603,10 @@ def serve_section(path: Path, args: argparse.Namespace) -> dict[str, Any]:
     import httpx
     from skiff.tokenizer import load_tokenizer
 
+    if args.cpu and not args.tokenizer:  # the self-test's random model ships no usable tokenizer
+        from skiff.embedded import embedded_model_path
+
+        args.tokenizer = str(embedded_model_path())
     tok = args.tokenizer or str(path)
     if args.tokenizer:  # the served model's vocabulary must be the tokenizer's, or most output ids decode to ""
         path = path.with_name(path.name + "_tokenizer_vocab")
