@@ -240,6 +240,22 @@ inline void to_f32_row(const Bf16* src, float* dst, int64_t n) {  // bf16 is the
   for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint32_t>(bits[i]) << 16;
 }
 
+typedef float v8 __attribute__((vector_size(32)));                 // 8 fp32 lanes (GCC vector extension)
+typedef float v8u __attribute__((vector_size(32), aligned(4)));  // the same at any float alignment
+
+// out[0:W] = inv * sum_t w[t] * vrows[t][col:col+W]. The W accumulators stay in registers across the pass
+// over t (W/8 AVX registers), instead of a load, FMA and store of the output row for every token.
+template <int64_t W>
+inline void weighted_sum(const float* w, const float* const* vrows, int64_t col, int64_t len, float inv, float* out) {
+  v8 acc[W / 8] = {};
+  for (int64_t t = 0; t < len; ++t) {
+    const float* vr = vrows[t] + col;
+    const v8 wt = v8{} + w[t];
+    for (int64_t c = 0; c < W / 8; ++c) acc[c] += wt * *reinterpret_cast<const v8u*>(vr + 8 * c);
+  }
+  for (int64_t c = 0; c < W / 8; ++c) *reinterpret_cast<v8u*>(out + 8 * c) = acc[c] * inv;
+}
+
 // Decode attention of one sequence's `group` query heads (already scaled, [group, D]) sharing one KV head,
 // over its tokens' K and V rows (krows[t], vrows[t]: D floats each). D is the head dim as a compile-time
 // constant for the common sizes, 0 for any. Scores are held whole (softmax, then the weighted sum of V),
@@ -289,20 +305,23 @@ void attend_one(const float* qg, const float* const* krows, const float* const* 
     }
     inv_sum[g] = 1.0f / sum;
   }
-  std::fill(out, out + group * d, 0.0f);
-  for (int64_t t = 0; t < len; ++t) {
-    const float* vr = vrows[t];
-    for (int64_t g = 0; g < group; ++g) {
-      const float w = scores[g * len + t];
-      float* og = out + g * d;
-#pragma omp simd
-      for (int64_t i = 0; i < d; ++i) og[i] += w * vr[i];
-    }
-  }
   for (int64_t g = 0; g < group; ++g) {
+    const float* w = scores + g * len;
     float* og = out + g * d;
+    if constexpr (D > 0 && D % 32 == 0) {
+      constexpr int64_t W = D % 64 == 0 ? 64 : 32;  // output columns summed in registers per pass over t
+      for (int64_t c = 0; c < D; c += W) weighted_sum<W>(w, vrows, c, len, inv_sum[g], og + c);
+    } else {
+      std::fill(og, og + d, 0.0f);
+      for (int64_t t = 0; t < len; ++t) {
+        const float* vr = vrows[t];
+        const float wt = w[t];
 #pragma omp simd
-    for (int64_t i = 0; i < d; ++i) og[i] *= inv_sum[g];
+        for (int64_t i = 0; i < d; ++i) og[i] += wt * vr[i];
+      }
+#pragma omp simd
+      for (int64_t i = 0; i < d; ++i) og[i] *= inv_sum[g];
+    }
   }
 }
 
