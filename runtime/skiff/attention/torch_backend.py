@@ -40,13 +40,14 @@ class TorchBackend(AttentionBackend):
                 table[i, : len(pages)] = torch.tensor(pages[:max_pages], dtype=torch.int64)
             self.in_place = (device.type == "cpu" and self.pool.compute_dtype == torch.float32
                              and cpu_kernels.available())
-            if self.in_place:
+            if self.in_place:  # the kernel takes the page table as is: no padding to mask
                 self.decode_table, self.decode_lens = table, torch.tensor(lens, dtype=torch.int64)
-            self.decode_pages = table.reshape(-1).to(device)
-            self.decode_span = max_pages * ps
-            if min(lens) < self.decode_span and not self.in_place:  # mask the tail of each padded row, shaped to broadcast over heads
-                valid = torch.arange(self.decode_span).unsqueeze(0) < torch.tensor(lens).unsqueeze(1)
-                self.decode_mask = valid[:, None, None, :].to(device)
+            else:
+                self.decode_pages = table.reshape(-1).to(device)
+                self.decode_span = max_pages * ps
+                if min(lens) < self.decode_span:  # mask the tail of each padded row, shaped to broadcast over heads
+                    valid = torch.arange(self.decode_span).unsqueeze(0) < torch.tensor(lens).unsqueeze(1)
+                    self.decode_mask = valid[:, None, None, :].to(device)
         self.prefills: list[_Prefill] = []
         row = nd
         for i in range(nd, batch.num_seqs):
@@ -80,12 +81,12 @@ class TorchBackend(AttentionBackend):
         return out
 
     def _decode(self, q: torch.Tensor, layer: int) -> torch.Tensor:
-        # Gather whole pages (one contiguous block each) rather than single slots: far fewer, larger copies.
-        assert self.decode_pages is not None
         b, ps = q.shape[0], self.pool.page_size
         if self.in_place:
             return cpu_kernels.ops().paged_decode_attention(q, self.pool.k[layer], self.pool.v[layer], self.decode_table,
                                                             self.decode_lens, ps, self.scale)
+        # Gather whole pages (one contiguous block each) rather than single slots: far fewer, larger copies.
+        assert self.decode_pages is not None
         k_pages = self.pool.k[layer].view(-1, ps, *self.pool.k[layer].shape[1:])
         v_pages = self.pool.v[layer].view(-1, ps, *self.pool.v[layer].shape[1:])
         keys = k_pages.index_select(0, self.decode_pages).to(q.dtype).view(b, self.decode_span, -1, q.shape[-1]).transpose(1, 2)

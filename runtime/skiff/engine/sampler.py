@@ -63,6 +63,11 @@ def _filter(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     return probs / probs.sum(dim=-1, keepdim=True)
 
 
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """Row argmax; on CPU through Skiff's kernel (torch's CPU argmax does not vectorize)."""
+    return cpu_kernels.ops().argmax_rows(logits) if cpu_kernels.usable(logits) else logits.argmax(dim=-1)
+
+
 def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
            prompts: list[list[int]], outputs: list[list[int]]) -> SampleResult:
     """logits: [N, V] float32 (modified in place by penalties)."""
@@ -72,7 +77,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
     if any(p.needs_penalties for p in params):
         logits = logits.clone()  # the runner's logits are inference tensors: no in-place update outside it
         apply_penalties(logits, params, prompts, outputs)
-    tokens = cpu_kernels.ops().argmax_rows(logits) if cpu_kernels.usable(logits) else logits.argmax(dim=-1)
+    tokens = greedy_tokens(logits)
     sampled = [i for i, p in enumerate(params) if not p.greedy]
     if sampled:
         idx = torch.tensor(sampled, device=logits.device)
@@ -154,7 +159,7 @@ def sample_device(logits: torch.Tensor, params: list[SamplingParams], generators
     if len(sampled) == len(params):
         tokens = _sample_rows(logits, params, generators)
     else:
-        tokens = cpu_kernels.ops().argmax_rows(logits) if cpu_kernels.usable(logits) else logits.argmax(dim=-1)
+        tokens = greedy_tokens(logits)
         if sampled:
             idx = _to_device(sampled, logits.device, torch.int64)
             rows = _sample_rows(logits.index_select(0, idx), [params[i] for i in sampled],
