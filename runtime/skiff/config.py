@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
+DTYPE_NAMES: tuple[str, ...] = get_args(DType)
 
 
 @dataclass
@@ -48,7 +49,7 @@ class EngineConfig:
             raise ValueError(f"mem_fraction must be in (0, 1), got {self.mem_fraction}")
         if self.quantization not in (None, "int8"):
             raise ValueError(f"quantization must be None or 'int8', got {self.quantization!r}")
-        if self.kv_cache_dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ValueError(f"kv_cache_dtype must be auto, float32, bfloat16 or float16, got {self.kv_cache_dtype!r}")
+        if self.kv_cache_dtype not in DTYPE_NAMES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(DTYPE_NAMES)}, got {self.kv_cache_dtype!r}")
         if self.cuda_graph_max_bs < 0:
             raise ValueError(f"cuda_graph_max_bs must be >= 0, got {self.cuda_graph_max_bs}")

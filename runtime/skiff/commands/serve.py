@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from skiff.config import EngineConfig
+from skiff.config import DTYPE_NAMES, EngineConfig
 from skiff.layers.quant import QUANTIZATIONS
 
 
@@ -17,11 +17,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                    help="HF model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
     g.add_argument("--tokenizer", "--tokenizer-path", dest="tokenizer", default=None)
     g.add_argument("--tp", "--tp-size", dest="tp", type=int, default=d.tp, help="tensor-parallel ranks")
-    g.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"])
+    g.add_argument("--dtype", default=d.dtype, choices=DTYPE_NAMES)
     g.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"])
     g.add_argument("--quantization", default=None, choices=list(QUANTIZATIONS),
                    help="int8: int8 weights and per-token int8 activations on CPU (faster, measurably less exact)")
-    g.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype, choices=["auto", "float32", "bfloat16", "float16"],
+    g.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype, choices=DTYPE_NAMES,
                    help="KV cache dtype (default: the model's); float16 on an fp32 CPU model halves its memory traffic")
     g.add_argument("--max-running-requests", type=int, default=d.max_running_requests)
     g.add_argument("--chunked-prefill-size", type=int, default=d.chunked_prefill_size)
@@ -42,7 +42,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=args.model, tokenizer=args.tokenizer, served_model_name=getattr(args, "served_model_name", None),
-        dtype=args.dtype, quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype, device=args.device, tp=args.tp, page_size=args.page_size,
+        dtype=args.dtype, quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype, device=args.device,
+        tp=args.tp, page_size=args.page_size,
         max_running_requests=args.max_running_requests, chunked_prefill_size=args.chunked_prefill_size,
         max_total_tokens=args.max_total_tokens, mem_fraction=args.mem_fraction, cpu_kv_cache_gb=args.cpu_kv_cache_gb,
         context_length=args.context_length, cache="naive" if args.disable_radix_cache else "radix",
