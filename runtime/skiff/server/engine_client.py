@@ -207,6 +207,8 @@ class EngineClient:
             if tracked is not None:
                 tracked.sink.put_nowait((tracked.index, Failure(msg["status"], msg["message"])))
         elif kind == P.CTL_REPLY:
+            if msg.get("stats"):  # fresher than the last heartbeat: keep /metrics consistent with the reply
+                self.metrics.update_stats({**self.stats, **msg["stats"]})
             fut = self._replies.get(msg["id"])
             if fut is not None and not fut.done():
                 fut.set_result(msg)

@@ -56,10 +56,12 @@ class SchedulerLoop:
         while self.running:
             for msg in P.drain(self.inbox, 0 if self.engine.has_work else 50):
                 self.handle(msg)
-            if self.engine.has_work:
+            busy = self.engine.has_work
+            if busy:
                 self.send_outputs(self.engine.step())
             now = time.monotonic()
-            if now - self._last_stats >= STATS_INTERVAL:
+            # going idle publishes at once, so /metrics never shows the pages of finished requests for long
+            if now - self._last_stats >= STATS_INTERVAL or (busy and not self.engine.has_work):
                 self.send_stats(now)
 
     def handle(self, msg: dict[str, Any]) -> None:
