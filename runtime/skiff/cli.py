@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib
+import signal
 import sys
 
 # name -> module under skiff.commands; each module defines add_arguments(parser) and run(args) -> int
@@ -24,6 +26,7 @@ HELP: dict[str, str] = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID` prints every thread's stack
     parser = argparse.ArgumentParser(prog="skiff", description="Skiff LLM serving")
     sub = parser.add_subparsers(dest="command", required=True)
     modules = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -56,8 +57,17 @@ class ServerProcess:
             except httpx.HTTPError:
                 pass
             time.sleep(0.3)
+        self.dump_stacks()
         self.stop()
         raise RuntimeError(f"skiff serve did not become healthy in {timeout} s:\n{self.log()}")
+
+    def dump_stacks(self) -> None:
+        """Every process of the server prints its threads' stacks into the log (faulthandler on SIGUSR1)."""
+        children = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
+        for pid in [self.proc.pid, *map(int, children.split())]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGUSR1)
+        time.sleep(2)
 
     def pids(self) -> dict[str, int]:
         return httpx.get(self.url + "/skiff/processes", timeout=5).json()

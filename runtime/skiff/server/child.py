@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -15,6 +16,7 @@ def setup_child(name: str, log_level: str) -> None:
     )
     # Ctrl-C reaches the whole process group: only the API process decides how to shut down.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     parent = os.getppid()
 
     def watch_parent() -> None:  # an orphaned worker would hold its memory (and GPU) forever
