@@ -104,6 +104,27 @@ def test_paged_decode_attention_matches_sdpa(k, page_size: int, hq: int, hkv: in
         torch.testing.assert_close(out[b], want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize(("rows", "k_dim", "n"), [(1, 576, 960), (2, 64, 8), (5, 100, 7), (16, 1536, 576), (33, 33, 13)])
+def test_int8_linear_is_exactly_its_integer_arithmetic(k, rows: int, k_dim: int, n: int) -> None:
+    """Against the same quantization done in torch: 7-bit activation codes per row, 8-bit weights per channel."""
+    g = torch.Generator().manual_seed(rows)
+    x, w, b = torch.randn(rows, k_dim, generator=g), torch.randn(n, k_dim, generator=g) * 0.05, torch.randn(n, generator=g)
+    x[0] = 0.0  # an all-zero row must come out as the bias, not as NaN
+    packed, scale, colsum = k.int8_pack_weight(w)
+    w_amax = w.abs().amax(1)
+    torch.testing.assert_close(scale, w_amax / 127)
+    wq = (w / (w_amax / 127)[:, None]).round().clamp(-127, 127)
+    assert colsum[:n].tolist() == wq.sum(1).int().tolist()
+    x_amax = x.abs().amax(1)
+    xq = (x * torch.where(x_amax > 0, 63.0 / x_amax, 0.0)[:, None]).round()
+    want = (xq.double() @ wq.double().t()) * (x_amax / 63).double()[:, None] * scale.double() + b.double()
+    torch.testing.assert_close(k.int8_linear(x, packed, scale, colsum, b).double(), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(k.int8_linear(x, packed, scale, colsum, None).double(), want - b.double(),
+                               rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="does not match"):
+        k.int8_linear(torch.zeros(rows, k_dim + 32), packed, scale, colsum, None)
+
+
 def test_paged_decode_attention_rejects_a_page_outside_the_pool(k) -> None:
     kc = torch.zeros(64, 1, 64)
     with pytest.raises(RuntimeError, match="page out of pool"):

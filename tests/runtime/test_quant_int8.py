@@ -7,20 +7,28 @@ import torch
 import torch.nn.functional as F
 from skiff import SamplingParams
 from skiff.config import EngineConfig
+from skiff.kernels import cpu as cpu_kernels
 from skiff.layers.quant import Int8Linear, check_supported
 from skiff_rt_helpers import chat_prompt_ids, make_llm
 
 
+@pytest.mark.parametrize("own_kernel", [True, False], ids=["skiff-kernel", "fbgemm"])
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("rows", [1, 16, 300])
-def test_int8_linear_close_to_fp32(bias: bool, rows: int) -> None:
+def test_int8_linear_close_to_fp32(bias: bool, rows: int, own_kernel: bool, monkeypatch) -> None:
+    if own_kernel and not cpu_kernels.available():
+        pytest.skip("no C++ compiler for the CPU kernels")
+    if not own_kernel:
+        monkeypatch.setattr(cpu_kernels, "usable", lambda x: False)
     g = torch.Generator().manual_seed(rows)
     w = torch.randn(384, 576, generator=g) * 0.05
     b = torch.randn(384, generator=g) if bias else None
     x = torch.randn(rows, 576, generator=g)
     x[0, 7] = 40.0  # an outlier in one token must not coarsen the other tokens
     ref = F.linear(x, w, b)
-    got = Int8Linear(w, b)(x)
+    linear = Int8Linear(w, b)
+    assert linear.own_kernel == own_kernel
+    got = linear(x)
     err = (got - ref).norm(dim=-1) / ref.norm(dim=-1)
     assert float(err[0]) < 0.25, err[0]  # the outlier's own row pays for its range
     if rows > 1:

@@ -1,4 +1,5 @@
-"""Skiff's fused fp32 CPU kernels (cpu_kernels.cpp), compiled on first use and loaded as `torch.ops.skiff_cpu`.
+"""Skiff's CPU kernels (fused fp32 ops in cpu_kernels.cpp, the int8 linear in cpu_int8.cpp), compiled on first
+use into one library and loaded as `torch.ops.skiff_cpu`.
 
 The library is built with the machine's C++ compiler against the installed torch (about 10 s, once) and
 cached under the Skiff cache directory, keyed by the source, the torch version and the CPU's flags
@@ -23,7 +24,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
+SOURCES = [Path(__file__).with_name(name) for name in ("cpu_kernels.cpp", "cpu_int8.cpp")]
 
 
 def _cpu_flags() -> str:
@@ -37,7 +38,8 @@ def _cpu_flags() -> str:
 def _library_path() -> Path:
     from skiff.tokenizer import cache_dir
 
-    key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + _cpu_flags().encode()).hexdigest()[:16]
+    sources = b"".join(src.read_bytes() for src in SOURCES)
+    key = hashlib.sha256(sources + torch.__version__.encode() + _cpu_flags().encode()).hexdigest()[:16]
     return cache_dir() / "kernels" / f"skiff_cpu_{key}.so"
 
 
@@ -48,7 +50,7 @@ def _compile(out: Path, cxx: str) -> None:
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     cmd = [cxx, "-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC", "-std=c++20",
            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-           *[f"-I{p}" for p in include_paths()], str(SOURCE), "-o", str(tmp),
+           *[f"-I{p}" for p in include_paths()], *map(str, SOURCES), "-o", str(tmp),
            f"-L{torch_lib}", f"-Wl,-rpath,{torch_lib}", "-ltorch_cpu", "-lc10"]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

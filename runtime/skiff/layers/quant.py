@@ -1,12 +1,13 @@
-"""Opt-in int8 linear layers for CPU (`--quantization int8`): int8 weights, int8 activations, fbgemm kernels.
+"""Opt-in int8 linear layers for CPU (`--quantization int8`): int8 weights, int8 activations, integer dot products.
 
 Weights are quantized once after loading, symmetric per output channel; activations are quantized on each
-call by fbgemm's dynamic linear, per token: each row is divided by its absolute maximum first, so that
-fbgemm's per-tensor range is every row's own, and the output row is scaled back (one token's outlier no longer
-coarsens the whole batch). The range is 7-bit because AVX2 without VNNI accumulates u8 x s8 pairs in
-saturating int16, which a full 8-bit range overflows. This is the trade llama.cpp makes on CPU (integer dot
-products of quantized weights and activations): a measured loss of quality (docs/performance.md) for ~4x less
-weight traffic per decode step and ~2.5x the matmul rate of fp32. GPU paths never take it.
+call, per token (each row by its own absolute maximum, so one token's outlier does not coarsen the batch).
+The activation range is 7-bit because AVX2 without VNNI accumulates u8 x s8 pairs in saturating int16, which
+a full 8-bit range overflows. Skiff's own kernel (kernels/cpu_int8.cpp) streams weights packed for it and
+beats fbgemm's dynamic linear at every batch size on this class of CPU, most at decode's small batches;
+fbgemm remains the path where the kernels cannot be built. This is the trade llama.cpp makes on CPU: a
+measured loss of quality (docs/performance.md) for ~4x less weight traffic per decode step and well over
+twice the matmul rate of fp32. GPU paths never take it.
 """
 
 from __future__ import annotations
@@ -22,19 +23,29 @@ QUANTIZATIONS = ("int8",)
 
 
 class Int8Linear:
-    """y = x W^T (+ b) through fbgemm's dynamic int8 linear; W is quantized per output channel."""
+    """y = x W^T (+ b) with W quantized per output channel: Skiff's kernel, or fbgemm's dynamic linear."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         w = weight.detach().float()
+        self.bias = None if bias is None else bias.detach().float().contiguous()
+        self.own_kernel = cpu_kernels.usable(w)
+        if self.own_kernel:
+            self.packed, self.scale, self.colsum = cpu_kernels.ops().int8_pack_weight(w)
+            return
         scale = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-12).double()
         zero = torch.zeros(w.shape[0], dtype=torch.long)
         with warnings.catch_warnings():  # torch 2.13 flags quantized tensors as deprecated; fbgemm still takes them
             warnings.simplefilter("ignore", UserWarning)
             qweight = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
         self.packed = torch.ops.quantized.linear_prepack(qweight, None)
-        self.bias = None if bias is None else bias.detach().float()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.own_kernel:
+            rows = x.reshape(-1, x.shape[-1])
+            if rows.stride(-1) != 1:
+                rows = rows.contiguous()
+            y = cpu_kernels.ops().int8_linear(rows, self.packed, self.scale, self.colsum, self.bias)
+            return y.view(*x.shape[:-1], y.shape[-1])
         if x.dim() == 2 and cpu_kernels.usable(x):
             x, amax = cpu_kernels.ops().row_normalize(x)
         else:
