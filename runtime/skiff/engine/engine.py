@@ -13,6 +13,7 @@ import torch
 from skiff.config import EngineConfig
 from skiff.distributed.parallel import destroy_tensor_parallel, init_tensor_parallel
 from skiff.engine.forward_batch import slots_for
+from skiff.engine.host_memory import retain_freed_heap
 from skiff.engine.model_runner import ModelRunner, resolve_device, resolve_dtype
 from skiff.engine.plan import make_plan, plan_to_batch
 from skiff.engine.sampler import sample, sample_on_host
@@ -64,6 +65,7 @@ def load_runner(cfg: EngineConfig, rank: int, dist_port: int | None) -> ModelRun
         device = torch.device("cuda", rank)
     if device.type == "cpu":
         torch.set_num_threads(cfg.num_threads or max(1, torch.get_num_threads() // cfg.tp))
+        retain_freed_heap()
     init_tensor_parallel(rank, cfg.tp, dist_port or 0, device)
     _, weights = checkpoint_dir(cfg)
     raw = read_config(weights)
