@@ -1,7 +1,9 @@
 """Serving benchmark on CPU: `skiff bench serve` against `skiff serve` (embedded SmolLM2-135M-Instruct),
 single stream and 16 concurrent streams, with HF transformers single-stream decode measured in the same run.
 
-    python benchmarks/serve_cpu.py [--output-len 128] [--input-len 128] [--json out.json]
+    python benchmarks/serve_cpu.py [--output-len 128] [--input-len 128] [--json out.json] [-- SERVE FLAGS]
+
+The 16-way CPU numbers in docs/performance.md use `-- --quantization int8 --kv-cache-dtype float16`.
 
 Single-stream decode rate = 1 / TPOT (time per output token after the first); the HF number is
 (new tokens - 1) / (generate time - time of a 1-token generate) on the same prompt, fp32, greedy.
