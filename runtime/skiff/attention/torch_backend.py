@@ -17,6 +17,11 @@ from skiff.engine.forward_batch import ForwardBatch
 from skiff.kernels import cpu as cpu_kernels
 
 
+def _heads_first(x: torch.Tensor) -> torch.Tensor:
+    """[T, H, D] -> [1, H, T, D]: CPU SDPA takes its fused (flash) kernel only for 4-D inputs, 2-4x its 3-D path."""
+    return x.transpose(0, 1).unsqueeze(0)
+
+
 @dataclass
 class _Prefill:
     rows: slice  # token rows of this sequence in the batch
@@ -69,14 +74,13 @@ class TorchBackend(AttentionBackend):
             out[: self.num_decode] = self._decode(q[: self.num_decode], layer)
         k_buf, v_buf = self.pool.k[layer], self.pool.v[layer]
         for p in self.prefills:
-            # [1, H, T, D]: CPU SDPA takes its fused (flash) kernel only for 4-D inputs, 2-4x the 3-D math path.
-            qi = q[p.rows].transpose(0, 1).unsqueeze(0)
+            qi = _heads_first(q[p.rows])
             if p.kv_slots is None:
-                ki, vi = k[p.rows].transpose(0, 1).unsqueeze(0), v[p.rows].transpose(0, 1).unsqueeze(0)
+                ki, vi = _heads_first(k[p.rows]), _heads_first(v[p.rows])
                 oi = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=self.scale, enable_gqa=True)
             else:
-                ki = k_buf.index_select(0, p.kv_slots).to(q.dtype).transpose(0, 1).unsqueeze(0)
-                vi = v_buf.index_select(0, p.kv_slots).to(q.dtype).transpose(0, 1).unsqueeze(0)
+                ki = _heads_first(k_buf.index_select(0, p.kv_slots).to(q.dtype))
+                vi = _heads_first(v_buf.index_select(0, p.kv_slots).to(q.dtype))
                 oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=p.mask, scale=self.scale, enable_gqa=True)
             out[p.rows] = oi[0].transpose(0, 1)
         return out

@@ -120,12 +120,7 @@ void attend(const float* q, const KV* const* krows, const KV* const* vrows, int6
       sum = _mm256_add_ps(sum, e);
     }
     float total = hsum(sum);
-    for (; i < len; ++i) {
-      float e[8] = {s[i] - m};
-      _mm256_storeu_ps(e, exp8(_mm256_loadu_ps(e)));
-      s[i] = e[0];
-      total += e[0];
-    }
+    for (; i < len; ++i) total += (s[i] = std::exp(s[i] - m));
     inv_sum[g] = 1.0f / total;
   }
   // Weighted sum of V, one head at a time over 64-column blocks: eight accumulators stay in registers across
