@@ -76,12 +76,11 @@ inline __m256 exp8(__m256 x) {
 }
 
 // One (sequence, KV head) item: `group` query heads q (scaled, [group, D]) over `len` tokens whose K and V
-// rows start at krows[t] / vrows[t]. D: the head dim, a multiple of 8 (16 for the V pass's column blocks).
+// rows start at krows[t] / vrows[t]. D: the head dim, 64 or a multiple of 64 (the V pass's column blocks).
 // scores: [group, len] scratch. out: [group, D].
 template <typename KV, int64_t D>
 void attend(const float* q, const KV* const* krows, const KV* const* vrows, int64_t len, int64_t group,
             float* scores, float* out) {
-  const int64_t stride = len;
   // Scores, eight tokens at a time; each block's K rows are read from memory once and stay in L1 for the
   // group's other heads.
   int64_t t = 0;
@@ -96,19 +95,19 @@ void attend(const float* q, const KV* const* krows, const KV* const* vrows, int6
         const __m256 qv = _mm256_loadu_ps(qg + c);
         for (int64_t j = 0; j < kBlock; ++j) acc[j] = _mm256_fmadd_ps(qv, load8(krows[t + j] + c), acc[j]);
       }
-      _mm256_storeu_ps(scores + g * stride + t, hsum8(acc));
+      _mm256_storeu_ps(scores + g * len + t, hsum8(acc));
     }
   }
   for (; t < len; ++t)
     for (int64_t g = 0; g < group; ++g) {
       __m256 acc = _mm256_setzero_ps();
       for (int64_t c = 0; c < D; c += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * D + c), load8(krows[t] + c), acc);
-      scores[g * stride + t] = hsum(acc);
+      scores[g * len + t] = hsum(acc);
     }
   // Softmax of each head's scores, held whole: at decode lengths cheaper than an online softmax.
   float inv_sum[kMaxGroup];
   for (int64_t g = 0; g < group; ++g) {
-    float* s = scores + g * stride;
+    float* s = scores + g * len;
     float m = s[0];
     for (int64_t i = 1; i < len; ++i) m = std::max(m, s[i]);
     const __m256 mv = _mm256_set1_ps(m);
@@ -126,7 +125,7 @@ void attend(const float* q, const KV* const* krows, const KV* const* vrows, int6
   // Weighted sum of V, one head at a time over 64-column blocks: eight accumulators stay in registers across
   // the pass over the tokens and each row block is read whole (after the first head, from cache).
   for (int64_t g = 0; g < group; ++g) {
-    const float* w = scores + g * stride;
+    const float* w = scores + g * len;
     const __m256 inv = _mm256_set1_ps(inv_sum[g]);
     for (int64_t c0 = 0; c0 < D; c0 += 64) {
       constexpr int64_t kCols = D < 64 ? D : 64;
