@@ -87,7 +87,7 @@ class RotaryEmbedding(nn.Module):
         t = torch.arange(cfg.max_position, dtype=torch.float32)
         freqs = torch.outer(t, inv_freq)
         cache = torch.cat([freqs.cos() * scale, freqs.sin() * scale], dim=-1).float()
-        self.register_buffer("cos_sin", cache, persistent=False)  # [max_position, rotary_dim]; fp32 math like the HF reference
+        self.register_buffer("cos_sin", cache, persistent=False)  # [max_position, rotary_dim], fp32 as HF computes it
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [T, Hq, D], k: [T, Hk, D]; rotates the first rotary_dim channels in place of a copy."""
@@ -100,9 +100,12 @@ class RotaryEmbedding(nn.Module):
         fused.rope_inplace(positions, q, k, self.head_dim, self.cos_sin)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        rot = x[..., : self.rotary_dim].float()
+        # HF's order of rounding: the table is rounded to x's dtype and each product and sum rounds in that
+        # dtype; computing in fp32 and rounding once is closer to exact but makes bf16 argmaxes differ from HF.
+        rot = x[..., : self.rotary_dim]
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         x1, x2 = rot.chunk(2, dim=-1)
-        out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+        out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
         if self.rotary_dim == self.head_dim:
             return out
         return torch.cat([out, x[..., self.rotary_dim :]], dim=-1)
