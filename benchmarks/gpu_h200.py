@@ -9,6 +9,7 @@ Sections (each guarded; results land in $OUT/results.json as they come):
   check_*    Skiff (FlashInfer, CUDA graphs, overlap) vs HF transformers bf16 on the same weights: greedy
              next-token agreement under teacher forcing (20 prompts x 128 positions), prefill logits, NaN,
              overlap on/off identical, radix hit vs miss identical, page sizes 1/16/256
+  fused_ops  the two GPU fused-op providers vs HF torch code: bit-equality and time (gpu_fused_ops.py)
   profile    where one decode step's time goes (torch profiler kernel categories, host phases)
   big        the Qwen3-8B shape on the same workload
 A short table is printed last. `--cpu` runs every section on tiny shapes with the torch backend (a
@@ -221,7 +222,7 @@ def env_section(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def jit_section(args: argparse.Namespace) -> dict[str, Any]:
-    """Compile every FlashInfer module the runs use, in parallel threads (nvcc runs outside the GIL)."""
+    """Compile every FlashInfer module (and both fused-op providers) the runs use, in parallel threads."""
     import flashinfer
     from skiff.attention.flashinfer_backend import FlashInferBackend
     from skiff.kvcache.pool import KVPool
@@ -240,23 +241,28 @@ def jit_section(args: argparse.Namespace) -> dict[str, Any]:
             times[name] = f"error: {exc!r}"
             log(f"!! jit {name}: {traceback.format_exc()}")
 
+    providers = [p for p in (fused.GPU_PROVIDERS[n]() for n in fused.GPU_PROVIDERS) if p is not None]
+
     def norms() -> None:
         x = torch.randn(8, 1024, dtype=bf, device=dev)
         w = torch.ones(1024, dtype=bf, device=dev)
-        fused.rms_norm(x, w, 1e-6)
-        fused.rms_norm(x.view(8, 8, 128), w[:128], 1e-6)
-        fused.add_rms_norm(x.clone(), x.clone(), w, 1e-6)
+        for ops in providers:
+            ops.rms_norm(x, w, 1e-6)
+            ops.rms_norm(x.view(8, 8, 128), w[:128], 1e-6)
+            ops.add_rms_norm_(x.clone(), x.clone(), w, 1e-6)
 
     def rope() -> None:
         q = torch.randn(8, 16 * 128, dtype=bf, device=dev)
         k = torch.randn(8, 8 * 128, dtype=bf, device=dev)
         cs = torch.randn(4096, 128, dtype=torch.float32, device=dev)
-        fused.rope_inplace(torch.arange(8, device=dev), q, k, 128, cs)
         cs64 = torch.randn(4096, 64, dtype=torch.float32, device=dev)
-        fused.rope_inplace(torch.arange(8, device=dev), q.view(8, -1)[:, :32 * 64], k.view(8, -1)[:, :8 * 64], 64, cs64)
+        for ops in providers:
+            ops.rope_(torch.arange(8, device=dev), q, k, 128, cs)
+            ops.rope_(torch.arange(8, device=dev), q.view(8, -1)[:, :32 * 64], k.view(8, -1)[:, :8 * 64], 64, cs64)
 
     def act() -> None:
-        fused.silu_and_mul(torch.randn(8, 256, dtype=bf, device=dev))
+        for ops in providers:
+            ops.silu_and_mul(torch.randn(8, 256, dtype=bf, device=dev))
 
     def sampling() -> None:
         probs = torch.softmax(torch.randn(4, 1000, device=dev), -1)
@@ -359,21 +365,27 @@ def tput_section(path: Path, args: argparse.Namespace, spec: dict[str, Any], lab
         free(engine)
 
 
-def check_section(path: Path, hf: Any, args: argparse.Namespace, n_prompts: int = 20, n_new: int = 128) -> dict[str, Any]:
+def check_section(path: Path, hf: Any, args: argparse.Namespace, n_prompts: int = 20, n_new: int = 128,
+                  quick: bool = False, prompts: list[list[int]] | None = None) -> dict[str, Any]:
+    """quick: only the default engine (page 16, overlap, graphs) and its radix-hit pass, no fp32 reference.
+    prompts: token ids to use instead of 20 random-id prompts (the real model's chat prompts)."""
     from skiff.params import SamplingParams
 
     rng = random.Random(7)
     vocab = hf.config.vocab_size
     if args.cpu:
         n_prompts, n_new = 6, 12
-    prompts = [[rng.randint(0, min(vocab, 10000) - 1) for _ in range(rng.randint(32, 400 if not args.cpu else 40))]
-               for _ in range(n_prompts)]
+    if prompts is None:
+        prompts = [[rng.randint(0, min(vocab, 10000) - 1) for _ in range(rng.randint(32, 400 if not args.cpu else 40))]
+                   for _ in range(n_prompts)]
+    n_prompts = len(prompts)
     greedy = [SamplingParams(max_tokens=n_new, temperature=0.0, ignore_eos=True) for _ in prompts]
     res: dict[str, Any] = {}
     runs: dict[str, list[list[int]]] = {}
     prefill: list[torch.Tensor] = []
-    for name, kw in (("ps16_overlap", {}), ("ps16_no_overlap", {"disable_overlap": True}), ("ps1", {"page_size": 1}),
-                     ("ps256", {"page_size": 256})):
+    variants = (("ps16_overlap", {}), ("ps16_no_overlap", {"disable_overlap": True}), ("ps1", {"page_size": 1}),
+                ("ps256", {"page_size": 256}))
+    for name, kw in variants[:1] if quick else variants:
         engine = make_engine(path, args, max_total_tokens=200_000, context_length=4096, **kw)
         try:
             runs[name] = generate(engine, prompts, greedy)
@@ -394,9 +406,10 @@ def check_section(path: Path, hf: Any, args: argparse.Namespace, n_prompts: int 
     base = runs["ps16_overlap"]
     res["prompts"] = n_prompts
     res["positions"] = n_prompts * n_new
-    res["overlap_on_off_identical"] = sum(a == b for a, b in zip(base, runs["ps16_no_overlap"], strict=True))
-    for ps in ("ps1", "ps256"):
-        res[f"{ps}_identical_to_ps16"] = sum(a == b for a, b in zip(base, runs[ps], strict=True))
+    if not quick:
+        res["overlap_on_off_identical"] = sum(a == b for a, b in zip(base, runs["ps16_no_overlap"], strict=True))
+        for ps in ("ps1", "ps256"):
+            res[f"{ps}_identical_to_ps16"] = sum(a == b for a, b in zip(base, runs[ps], strict=True))
     # HF teacher forcing over Skiff's own greedy trajectories, in bf16 (the bar) and fp32 (the noise level)
     nan = False
 
@@ -410,17 +423,20 @@ def check_section(path: Path, hf: Any, args: argparse.Namespace, n_prompts: int 
                 preds.append(logits[len(p) - 1 : len(p) - 1 + len(o)])
         return preds
 
-    def agreement(trajectories: list[list[int]], preds: list[torch.Tensor]) -> tuple[float, float]:
-        agree = ties = total = 0
+    def agreement(trajectories: list[list[int]], preds: list[torch.Tensor]) -> tuple[float, float, float]:
+        """Strict; counting exact ties (HF's bf16 logits give Skiff's token the max too: HF's own pick among
+        equal logits is just the lowest id); counting near-ties (HF gap <= 1 % of the max logit)."""
+        agree = exact = ties = total = 0
         for o, pred in zip(trajectories, preds, strict=True):
             ref = pred.argmax(-1)
             mine = torch.tensor(o, device=pred.device)
             same = ref == mine
             gap = pred.gather(1, ref[:, None])[:, 0] - pred.gather(1, mine[:, None])[:, 0]
             agree += int(same.sum())
+            exact += int(((~same) & (gap == 0)).sum())
             ties += int(((~same) & (gap <= 1e-2 * pred.abs().amax(-1))).sum())
             total += len(o)
-        return round(agree / total, 4), round((agree + ties) / total, 4)
+        return round(agree / total, 4), round((agree + exact) / total, 4), round((agree + ties) / total, 4)
 
     def prefill_ref() -> list[torch.Tensor]:
         with torch.no_grad():
@@ -432,12 +448,20 @@ def check_section(path: Path, hf: Any, args: argparse.Namespace, n_prompts: int 
         return round(max(errs), 5), round(arg / sum(len(y) for y in b), 4)
 
     preds16 = hf_preds(base)
-    res["teacher_forced_agreement"], res["teacher_forced_agreement_with_near_ties"] = agreement(base, preds16)
+    (res["teacher_forced_agreement"], res["teacher_forced_agreement_with_exact_ties"],
+     res["teacher_forced_agreement_with_near_ties"]) = agreement(base, preds16)
     res["radix_hit_teacher_forced_agreement"] = agreement(runs["radix_hit"], hf_preds(runs["radix_hit"]))[0]
+    if hasattr(hf, "set_attn_implementation") and not args.cpu:
+        # HF against itself with another attention kernel: how far a kernel change alone moves the argmaxes
+        hf.set_attn_implementation("eager")
+        eager = hf_preds(base)
+        hf.set_attn_implementation("sdpa")
+        res["hf_eager_vs_hf_sdpa_agreement"] = agreement([p.argmax(-1).tolist() for p in eager], preds16)[0]
     ref16 = prefill_ref()
     res["prefill_logits_rel_err_max"], res["prefill_argmax_agreement"] = rel(prefill, ref16)
     nan |= any(bool(torch.isnan(x).any()) for x in prefill)
-    if not args.cpu:  # the same against HF in fp32: how much of the gap is bf16 itself
+    if not args.cpu and not quick:  # the same against HF in fp32: how much of the gap is bf16 itself
+        # (last: .float() leaves hf in fp32, and casting back would round its rotary inv_freq buffer)
         hf.float()
         preds32 = hf_preds(base)
         res["fp32_ref_skiff_agreement"] = agreement(base, preds32)[0]
@@ -449,6 +473,30 @@ def check_section(path: Path, hf: Any, args: argparse.Namespace, n_prompts: int 
     res["nan"] = nan
     log("  ", {k: v for k, v in res.items() if not k.endswith("config")})
     return res
+
+
+def smollm_check(args: argparse.Namespace) -> dict[str, Any]:
+    """The check on trained weights (SmolLM2-135M-Instruct, Llama architecture, dequantized Q4_1) with chat
+    prompts, for both fused-op providers; HF loads the same GGUF file."""
+    from skiff.layers import fused
+    from transformers import AutoModelForCausalLM
+
+    gguf = Path(args.smollm_gguf)
+    prompts = json.loads(Path(args.smollm_prompts).read_text())
+    out: dict[str, Any] = {}
+    for provider in fused.GPU_PROVIDERS:
+        os.environ["SKIFF_FUSED_OPS"] = provider
+        fused.gpu_ops.cache_clear()
+        hf = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=args.dtype)
+        try:
+            out[provider] = check_section(gguf, hf.to(args.device).eval(), args, prompts=prompts,
+                                          quick=provider != "triton")
+        finally:
+            os.environ.pop("SKIFF_FUSED_OPS")
+            fused.gpu_ops.cache_clear()
+            del hf
+            free()
+    return out
 
 
 def sampling_section(args: argparse.Namespace) -> dict[str, Any]:
@@ -499,6 +547,7 @@ def diag_section(spec: dict[str, Any], path: Path, args: argparse.Namespace) -> 
         for fused_on in (True, False):
             os.environ["SKIFF_DISABLE_FUSED_OPS"] = "0" if fused_on else "1"
             fused._flashinfer.cache_clear()
+            fused.gpu_ops.cache_clear()
             engine = make_engine(path, args, attention_backend=backend, cuda_graph_max_bs=0, max_total_tokens=50_000)
             try:
                 out[f"{backend}_fused={fused_on}"] = err([engine.prefill_logits(p).float() for p in prompts])
@@ -507,6 +556,7 @@ def diag_section(spec: dict[str, Any], path: Path, args: argparse.Namespace) -> 
                 del engine
     os.environ["SKIFF_DISABLE_FUSED_OPS"] = "0"
     fused._flashinfer.cache_clear()
+    fused.gpu_ops.cache_clear()
     log("  ", out)
     return out
 
@@ -681,6 +731,8 @@ def main() -> None:
                     "model's, saved by skiff; the random-weight models have none)")
     ap.add_argument("--serve-rates", type=lambda v: [float(x) for x in v.split(",")], default=[8.0, 24.0, 64.0])
     ap.add_argument("--serve-prompts", type=int, default=400)
+    ap.add_argument("--smollm-gguf", default=None, help="SmolLM2-135M-Instruct GGUF file: the real-weight check")
+    ap.add_argument("--smollm-prompts", default=None, help="JSON list of chat prompt token ids for that check")
     args = ap.parse_args()
     args.device = "cpu" if args.cpu else "cuda"
     args.dtype = torch.float32 if args.cpu else torch.bfloat16
@@ -695,6 +747,10 @@ def main() -> None:
     section("env")(env_section, args)
     if not args.cpu and want("jit"):
         section("jit")(jit_section, args)
+    if not args.cpu and want("fused_ops"):
+        from gpu_fused_ops import fused_ops_section
+
+        section("fused_ops")(fused_ops_section)
     if want("diag_llama"):
         section("diag_llama", budget)(diag_section, LLAMA_1B, models / "llama_diag", args)
     if want("diag_qwen3"):
@@ -725,6 +781,17 @@ def main() -> None:
     if want("check_llama"):
         llama_path = models / "llama_3_2_1b_shape"
         llama_hf = section("build_llama_1b", budget)(build_hf, LLAMA_1B, llama_path, args)
+        if llama_hf is not None and want("check_llama_flashinfer_ops"):  # the other provider, same model
+            from skiff.layers import fused
+
+            os.environ["SKIFF_FUSED_OPS"] = "flashinfer"
+            fused.gpu_ops.cache_clear()
+            try:
+                section("check_llama_3_2_1b_flashinfer_ops", budget)(check_section, llama_path, llama_hf, args,
+                                                                     quick=True)
+            finally:
+                os.environ.pop("SKIFF_FUSED_OPS")
+                fused.gpu_ops.cache_clear()
         if llama_hf is not None:
             section("check_llama_3_2_1b", budget)(check_section, llama_path, llama_hf, args)
         del llama_hf
@@ -740,6 +807,8 @@ def main() -> None:
             free()
         finally:
             args.dtype = bf16
+    if args.smollm_gguf and want("check_smollm2"):  # the real model: trained weights, chat prompts
+        section("check_smollm2_135m", budget)(smollm_check, args)
     if want("serve"):
         section("serve", budget)(serve_section, qwen_path, args)
     if want("profile"):
@@ -783,11 +852,21 @@ def print_table() -> None:
     on, off = RESULTS.get("tput_overlap_graphs") or {}, RESULTS.get("tput_no_overlap") or {}
     if "output_tok_s" in on and "output_tok_s" in off:
         print(f"overlap gain {on['output_tok_s'] / off['output_tok_s']:.3f}x")
+    if isinstance(RESULTS.get("fused_ops"), dict):
+        print("fused_ops", {k: v for k, v in RESULTS["fused_ops"].items() if k != "section_seconds"})
     for k, v in RESULTS.items():
         if k == "check_sampling":
             print(k, v)
+        elif k == "check_smollm2_135m" and isinstance(v, dict):
+            for prov, r in v.items():
+                if isinstance(r, dict):
+                    print(k, prov, {x: r.get(x) for x in ("teacher_forced_agreement", "teacher_forced_agreement_with_exact_ties",
+                                                         "teacher_forced_agreement_with_near_ties", "positions", "hf_eager_vs_hf_sdpa_agreement",
+                                                         "hf_eager_vs_hf_sdpa_agreement", "overlap_on_off_identical",
+                                                         "prefill_argmax_agreement", "nan", "error")})
         elif k.startswith("check") and isinstance(v, dict):
-            keys = ("teacher_forced_agreement", "teacher_forced_agreement_with_near_ties", "positions",
+            keys = ("teacher_forced_agreement", "teacher_forced_agreement_with_exact_ties",
+                    "teacher_forced_agreement_with_near_ties", "positions",
                     "fp32_ref_skiff_agreement", "fp32_ref_hf_bf16_agreement", "fp32_ref_prefill_rel_err_skiff",
                     "fp32_ref_prefill_rel_err_hf_bf16", "radix_hit_teacher_forced_agreement",
                     "overlap_on_off_identical", "radix_hit_vs_miss_identical", "ps1_identical_to_ps16",
