@@ -288,6 +288,7 @@ def jit_section(args: argparse.Namespace) -> dict[str, Any]:
 
     jobs = {"norm": norms, "rope": rope, "silu": act, "sampling": sampling, "attn_hd128": attention(128, 16),
             "attn_hd64": attention(64, 32)}
+    jobs = {k: v for k, v in jobs.items() if k not in args.jit_skip}
     t0 = time.perf_counter()
     threads = [threading.Thread(target=timed, args=(n, f)) for n, f in jobs.items()]
     for t in threads:
@@ -366,7 +367,7 @@ def tput_section(path: Path, args: argparse.Namespace, spec: dict[str, Any], lab
 
 
 def check_section(path: Path, hf: Any, args: argparse.Namespace, n_prompts: int = 20, n_new: int = 128,
-                  quick: bool = False, prompts: list[list[int]] | None = None) -> dict[str, Any]:
+                  quick: bool = False, prompts: list[list[int]] | None = None, fp32_ref: bool = True) -> dict[str, Any]:
     """quick: only the default engine (page 16, overlap, graphs) and its radix-hit pass, no fp32 reference.
     prompts: token ids to use instead of 20 random-id prompts (the real model's chat prompts)."""
     from skiff.params import SamplingParams
@@ -460,7 +461,7 @@ def check_section(path: Path, hf: Any, args: argparse.Namespace, n_prompts: int 
     ref16 = prefill_ref()
     res["prefill_logits_rel_err_max"], res["prefill_argmax_agreement"] = rel(prefill, ref16)
     nan |= any(bool(torch.isnan(x).any()) for x in prefill)
-    if not args.cpu and not quick:  # the same against HF in fp32: how much of the gap is bf16 itself
+    if not args.cpu and not quick and fp32_ref:  # the same against HF in fp32: how much of the gap is bf16 itself
         # (last: .float() leaves hf in fp32, and casting back would round its rotary inv_freq buffer)
         hf.float()
         preds32 = hf_preds(base)
@@ -490,7 +491,7 @@ def smollm_check(args: argparse.Namespace) -> dict[str, Any]:
         hf = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=args.dtype)
         try:
             out[provider] = check_section(gguf, hf.to(args.device).eval(), args, prompts=prompts,
-                                          quick=provider != "triton")
+                                          quick=provider != "triton", fp32_ref=False)  # HF: no .float() on GGUF
         finally:
             os.environ.pop("SKIFF_FUSED_OPS")
             fused.gpu_ops.cache_clear()
@@ -731,6 +732,7 @@ def main() -> None:
                     "model's, saved by skiff; the random-weight models have none)")
     ap.add_argument("--serve-rates", type=lambda v: [float(x) for x in v.split(",")], default=[8.0, 24.0, 64.0])
     ap.add_argument("--serve-prompts", type=int, default=400)
+    ap.add_argument("--jit-skip", type=lambda v: v.split(","), default=[], help="jit modules not to compile ahead")
     ap.add_argument("--smollm-gguf", default=None, help="SmolLM2-135M-Instruct GGUF file: the real-weight check")
     ap.add_argument("--smollm-prompts", default=None, help="JSON list of chat prompt token ids for that check")
     args = ap.parse_args()

@@ -30,15 +30,17 @@ def _warps(block: int) -> int:
 
 @triton.jit
 def _rounded(x, dtype: tl.constexpr):
-    """fp32 x rounded to dtype (nearest even), kept in fp32. For bf16 the rounding is done on the bits: written
-    as .to(bf16).to(fp32), the compiler dropped the round trip inside rope's products and sums (and Triton's
-    interpreter truncates there), so these kernels could not be checked in bf16."""
+    """fp32 x rounded to dtype's mantissa (nearest even), kept in fp32. Done on the bits: written as
+    .to(bf16).to(fp32), the compiler dropped the round trip inside rope's products and sums (and Triton's
+    interpreter truncates there). fp16 subnormals (|x| < 6.1e-5) keep more bits than fp16 would."""
     if dtype == tl.bfloat16:
         bits = x.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        return bits.to(tl.float32, bitcast=True)
+        return ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).to(tl.float32, bitcast=True)
+    elif dtype == tl.float16:
+        bits = x.to(tl.uint32, bitcast=True)
+        return ((bits + 0xFFF + ((bits >> 13) & 1)) & 0xFFFFE000).to(tl.float32, bitcast=True)
     else:
-        return x.to(dtype).to(tl.float32)
+        return x
 
 
 @triton.jit
