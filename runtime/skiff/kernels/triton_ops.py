@@ -7,7 +7,8 @@ the multiply. Kernels that compute in fp32 and round once are closer to exact, b
 different rounding moves argmaxes away from the reference; with matching rounding points Skiff's logits
 track HF's. exp and division are the precise ones torch's CUDA kernels use (libdevice expf, div.rn).
 
-Imported only on CUDA machines (triton comes with CUDA builds of torch).
+layers/fused.py imports this lazily, for CUDA tensors (triton comes with CUDA builds of torch); CI runs the
+kernels on CPU in Triton's interpreter (tests/runtime/test_triton_ops.py).
 """
 
 from __future__ import annotations
