@@ -19,6 +19,7 @@ self-test of this script on a machine without a GPU).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -28,6 +29,7 @@ import threading
 import time
 import traceback
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -369,7 +371,8 @@ def tput_section(path: Path, args: argparse.Namespace, spec: dict[str, Any], lab
 def check_section(path: Path, hf: Any, args: argparse.Namespace, n_prompts: int = 20, n_new: int = 128,
                   quick: bool = False, prompts: list[list[int]] | None = None, fp32_ref: bool = True) -> dict[str, Any]:
     """quick: only the default engine (page 16, overlap, graphs) and its radix-hit pass, no fp32 reference.
-    prompts: token ids to use instead of 20 random-id prompts (the real model's chat prompts)."""
+    prompts: token ids to use instead of 20 random-id prompts (the real model's chat prompts).
+    fp32_ref: also compare against HF in fp32 (not for GGUF-loaded HF models, which refuse .float())."""
     from skiff.params import SamplingParams
 
     rng = random.Random(7)
@@ -476,6 +479,20 @@ def check_section(path: Path, hf: Any, args: argparse.Namespace, n_prompts: int 
     return res
 
 
+@contextlib.contextmanager
+def fused_ops_provider(name: str) -> Iterator[None]:
+    """Engines built inside use the GPU fused ops of `name` (SKIFF_FUSED_OPS); the default comes back after."""
+    from skiff.layers import fused
+
+    os.environ["SKIFF_FUSED_OPS"] = name
+    fused.gpu_ops.cache_clear()
+    try:
+        yield
+    finally:
+        os.environ.pop("SKIFF_FUSED_OPS")
+        fused.gpu_ops.cache_clear()
+
+
 def smollm_check(args: argparse.Namespace) -> dict[str, Any]:
     """The check on trained weights (SmolLM2-135M-Instruct, Llama architecture, dequantized Q4_1) with chat
     prompts, for both fused-op providers; HF loads the same GGUF file."""
@@ -486,17 +503,12 @@ def smollm_check(args: argparse.Namespace) -> dict[str, Any]:
     prompts = json.loads(Path(args.smollm_prompts).read_text())
     out: dict[str, Any] = {}
     for provider in fused.GPU_PROVIDERS:
-        os.environ["SKIFF_FUSED_OPS"] = provider
-        fused.gpu_ops.cache_clear()
         hf = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=args.dtype)
-        try:
+        with fused_ops_provider(provider):
             out[provider] = check_section(gguf, hf.to(args.device).eval(), args, prompts=prompts,
                                           quick=provider != "triton", fp32_ref=False)  # HF: no .float() on GGUF
-        finally:
-            os.environ.pop("SKIFF_FUSED_OPS")
-            fused.gpu_ops.cache_clear()
-            del hf
-            free()
+        del hf
+        free()
     return out
 
 
@@ -784,16 +796,9 @@ def main() -> None:
         llama_path = models / "llama_3_2_1b_shape"
         llama_hf = section("build_llama_1b", budget)(build_hf, LLAMA_1B, llama_path, args)
         if llama_hf is not None and want("check_llama_flashinfer_ops"):  # the other provider, same model
-            from skiff.layers import fused
-
-            os.environ["SKIFF_FUSED_OPS"] = "flashinfer"
-            fused.gpu_ops.cache_clear()
-            try:
+            with fused_ops_provider("flashinfer"):
                 section("check_llama_3_2_1b_flashinfer_ops", budget)(check_section, llama_path, llama_hf, args,
                                                                      quick=True)
-            finally:
-                os.environ.pop("SKIFF_FUSED_OPS")
-                fused.gpu_ops.cache_clear()
         if llama_hf is not None:
             section("check_llama_3_2_1b", budget)(check_section, llama_path, llama_hf, args)
         del llama_hf
