@@ -14,6 +14,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+HIDDEN, INTER, HQ, HK, HD = 1024, 3072, 16, 8, 128  # Qwen3-0.6B widths
+
+
+def _random(gen: torch.Generator, dtype: torch.dtype) -> Any:
+    """rnd(*shape, scale=1.0): fresh normal values from gen, in dtype, on gen's device."""
+    def rnd(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*shape, device=gen.device, generator=gen) * scale).to(dtype)
+    return rnd
+
 
 def _hf_ops(dtype: torch.dtype):
     from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
@@ -40,12 +49,7 @@ def fused_ops_section(device: str = "cuda", dtype: torch.dtype = torch.bfloat16)
 
     out: dict[str, Any] = {}
     gen = torch.Generator(device=device).manual_seed(3)
-
-    def rnd(*shape: int, scale: float = 1.0) -> torch.Tensor:
-        return (torch.randn(*shape, device=device, generator=gen) * scale).to(dtype)
-
-    hd = 128
-    inv_freq = 1.0 / (1e6 ** (torch.arange(0, hd, 2, device=device).float() / hd))
+    inv_freq = 1.0 / (1e6 ** (torch.arange(0, HD, 2, device=device).float() / HD))
     table = torch.outer(torch.arange(8192, device=device).float(), inv_freq)
     cos_sin = torch.cat([table.cos(), table.sin()], -1)
     for name in fused.GPU_PROVIDERS:
@@ -55,7 +59,7 @@ def fused_ops_section(device: str = "cuda", dtype: torch.dtype = torch.bfloat16)
             continue
         res = {str(dt).removeprefix("torch."): _equality(ops, dt, gen, inv_freq, cos_sin) for dt in (dtype, torch.float16)}
         for label, t in (("decode_256", 256), ("prefill_16384", 16384)):
-            res[f"us_{label}"] = _time_ops(ops, t, rnd, cos_sin, gen)
+            res[f"us_{label}"] = _time_ops(ops, t, _random(gen, dtype), cos_sin, gen)
         out[name] = res
     return out
 
@@ -64,12 +68,8 @@ def _equality(ops: Any, dtype: torch.dtype, gen: torch.Generator, inv_freq: torc
               cos_sin: torch.Tensor) -> dict[str, Any]:
     """Fraction of output elements bit-equal to HF's torch code, on fresh random inputs."""
     hf_rms, hf_rope = _hf_ops(dtype)
-    device = cos_sin.device
-
-    def rnd(*shape: int, scale: float = 1.0) -> torch.Tensor:
-        return (torch.randn(*shape, device=device, generator=gen) * scale).to(dtype)
-
-    hidden, inter, hq, hk, hd = 1024, 3072, 16, 8, 128
+    rnd = _random(gen, dtype)
+    hidden, inter, hq, hk, hd = HIDDEN, INTER, HQ, HK, HD
     res: dict[str, Any] = {}
     t = 1000
     w = rnd(hidden, scale=0.2) + 1
@@ -85,7 +85,7 @@ def _equality(ops: Any, dtype: torch.dtype, gen: torch.Generator, inv_freq: torc
     x2, r2 = x.clone(), r.clone()
     ops.add_rms_norm_(x2, r2, w, 1e-6)
     res["add_rms_norm_equal"] = [float((r2 == s_ref).float().mean()), float((x2 == y_ref).float().mean())]
-    pos = torch.randint(0, 8192, (t,), device=device, generator=gen)
+    pos = torch.randint(0, cos_sin.shape[0], (t,), device=gen.device, generator=gen)
     q, k = qkv[:, : hq * hd], qkv[:, hq * hd : (hq + hk) * hd]
     qr, kr = hf_rope(pos, q, k, hd, inv_freq)
     ops.rope_(pos, q, k, hd, cos_sin)
@@ -100,7 +100,7 @@ def _time_ops(ops: Any, t: int, rnd: Any, cos_sin: torch.Tensor, gen: torch.Gene
     """Median microseconds per call at t tokens (Qwen3-0.6B widths)."""
     import triton.testing
 
-    hidden, inter, hq, hk, hd = 1024, 3072, 16, 8, 128
+    hidden, inter, hq, hk, hd = HIDDEN, INTER, HQ, HK, HD
     x, r, w, wh = rnd(t, hidden), rnd(t, hidden), rnd(hidden) + 1, rnd(hd) + 1
     qkv = rnd(t, (hq + 2 * hk) * hd)
     q, k = qkv[:, : hq * hd], qkv[:, hq * hd : (hq + hk) * hd]
