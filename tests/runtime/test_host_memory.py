@@ -21,9 +21,9 @@ def step():  # MLP layers of a 2048-token prefill: ~25 MB and ~12 MB activations
     for _ in range(4):
         g = h @ w1.T
         h = h + (torch.nn.functional.silu(g[:, :1536]) * g[:, 1536:]) @ w2.T
-step()
+step(); step()  # glibc may still grow its heap in the second step
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(3):
+for _ in range(6):
     step()
 print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
@@ -36,5 +36,5 @@ def faults(mode: str) -> int:
 
 def test_retained_heap_reuses_freed_blocks_without_faulting() -> None:
     default, retained = faults("default"), faults("retain")
-    assert default > 30_000  # glibc's defaults re-fault the freed activations page by page (~74 k here)
-    assert retained < default // 3  # ~11 k here
+    assert default > 30_000  # glibc's defaults re-fault the freed activations page by page (42-124 k here)
+    assert retained < default // 4  # 0-5 k here: the heap is warm after the first steps
