@@ -20,6 +20,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from skiff.kernels.triton_launcher import Launcher, cdiv, pow2
+
 # torch's CUDA silu uses expf (libdevice); Triton's interpreter (TRITON_INTERPRET=1, the CPU check of these
 # kernels) has no libdevice and takes tl.exp.
 _LIBDEVICE = os.environ.get("TRITON_INTERPRET") != "1"
@@ -119,30 +121,37 @@ def _silu_and_mul_kernel(x_ptr, x_tok, y_ptr, y_tok, inner, BLOCK: tl.constexpr,
     tl.store(y_ptr + row * y_tok + c, _rounded(act * up.to(tl.float32), gate.dtype).to(gate.dtype), mask=mask)
 
 
+_RMS_NORM, _ADD_RMS_NORM = Launcher(_rms_norm_kernel), Launcher(_add_rms_norm_kernel)
+_ROPE, _SILU_AND_MUL = Launcher(_rope_kernel), Launcher(_silu_and_mul_kernel)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x: [T, D] or [T, H, D] with unit stride in D (row and head strides free) -> a contiguous normalized copy."""
     d = x.shape[-1]
-    x3 = x.view(-1, 1, d) if x.dim() == 2 else x.reshape(-1, x.shape[-2], d)
+    if x.dim() == 2:
+        x3, heads, x_tok, x_head = x, 1, x.stride(0), 0
+    else:
+        x3 = x if x.dim() == 3 else x.reshape(-1, x.shape[-2], d)
+        heads, x_tok, x_head = x3.shape[1], x3.stride(0), x3.stride(1)
     assert x3.stride(-1) == 1
-    y = torch.empty(x3.shape, dtype=x.dtype, device=x.device)
-    rows = x3.shape[0] * x3.shape[1]
-    block = triton.next_power_of_2(d)
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    rows = x.numel() // d
+    block = pow2(d)
     per_prog = max(1, min(16, 2048 // block))
     if rows:
-        _rms_norm_kernel[(triton.cdiv(rows, per_prog),)](
-            x3, x3.stride(0), x3.stride(1), y, y.stride(0), y.stride(1), weight, rows, x3.shape[1], d, 1.0 / d, eps,
-            ROWS=per_prog, BLOCK=block, num_warps=_warps(block * per_prog))
-    return y.view(x.shape)
+        _RMS_NORM((cdiv(rows, per_prog),), (x3, x_tok, x_head, y, heads * d, d, weight, rows, heads, d, 1.0 / d, eps),
+                  {"ROWS": per_prog, "BLOCK": block}, _warps(block * per_prog))
+    return y
 
 
 def add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
     """In place: residual = x + residual (rounded), x = norm(residual). Both [T, D] with unit stride in D."""
     t, d = x.shape
     assert x.stride(1) == 1 and residual.stride(1) == 1
-    block = triton.next_power_of_2(d)
+    block = pow2(d)
     if t:
-        _add_rms_norm_kernel[(t,)](x, x.stride(0), residual, residual.stride(0), weight, d, 1.0 / d, eps,
-                                   BLOCK=block, num_warps=_warps(block))
+        _ADD_RMS_NORM((t,), (x, x.stride(0), residual, residual.stride(0), weight, d, 1.0 / d, eps), {"BLOCK": block},
+                      _warps(block))
 
 
 def rope_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, head_dim: int, cos_sin: torch.Tensor) -> None:
@@ -152,9 +161,8 @@ def rope_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, head_dim: i
     assert q.stride(1) == 1 and k.stride(1) == 1 and cos_sin.stride(1) == 1
     hq, hk = q.shape[1] // head_dim, k.shape[1] // head_dim
     if t:
-        _rope_kernel[(t,)](positions, q, q.stride(0), k, k.stride(0), cos_sin, cos_sin.stride(0), hq, hk, head_dim, half,
-                           BLOCK_HQ=triton.next_power_of_2(hq), BLOCK_HK=triton.next_power_of_2(hk),
-                           BLOCK_HALF=triton.next_power_of_2(half), num_warps=4)
+        _ROPE((t,), (positions, q, q.stride(0), k, k.stride(0), cos_sin, cos_sin.stride(0), hq, hk, head_dim, half),
+              {"BLOCK_HQ": pow2(hq), "BLOCK_HK": pow2(hk), "BLOCK_HALF": pow2(half)}, 4)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -162,8 +170,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     t, inner = x.shape[0], x.shape[1] // 2
     assert x.stride(1) == 1
     y = torch.empty((t, inner), dtype=x.dtype, device=x.device)
-    block = min(1024, triton.next_power_of_2(inner))
+    block = min(1024, pow2(inner))
     if t:
-        _silu_and_mul_kernel[(t, triton.cdiv(inner, block))](x, x.stride(0), y, y.stride(0), inner, BLOCK=block,
-                                                             LIBDEVICE=_LIBDEVICE, num_warps=_warps(block))
+        _SILU_AND_MUL((t, cdiv(inner, block)), (x, x.stride(0), y, inner, inner), {"BLOCK": block, "LIBDEVICE": _LIBDEVICE},
+                      _warps(block))
     return y
