@@ -8,7 +8,8 @@ Sections (each guarded; results land in $OUT/results.json as they come):
              overlap+graphs (twice), overlap off, graphs off; fraction of the memory floor
   check_*    Skiff (FlashInfer, CUDA graphs, overlap) vs HF transformers bf16 on the same weights: greedy
              next-token agreement under teacher forcing (20 prompts x 128 positions), prefill logits, NaN,
-             overlap on/off identical, radix hit vs miss identical, page sizes 1/16/256
+             overlap on/off identical, radix hit vs miss identical, page sizes 1/16/256; and the floor under
+             that agreement: HF decode vs HF prefill, HF's SDPA backends, Skiff decode vs prefill (agreement_floor.py)
   fused_ops  the two GPU fused-op providers vs HF torch code: bit-equality and time (gpu_fused_ops.py)
   profile    where one decode step's time goes (torch profiler kernel categories, host phases)
   big        the Qwen3-8B shape on the same workload
@@ -387,6 +388,7 @@ def check_section(path: Path, hf: Any, args: argparse.Namespace, n_prompts: int 
     res: dict[str, Any] = {}
     runs: dict[str, list[list[int]]] = {}
     prefill: list[torch.Tensor] = []
+    skiff_tf: list[torch.Tensor] = []
     variants = (("ps16_overlap", {}), ("ps16_no_overlap", {"disable_overlap": True}), ("ps1", {"page_size": 1}),
                 ("ps256", {"page_size": 256}))
     for name, kw in variants[:1] if quick else variants:
@@ -403,6 +405,9 @@ def check_section(path: Path, hf: Any, args: argparse.Namespace, n_prompts: int 
                 res["radix_hit_tokens"] = engine.cache_hit_tokens - hits0
                 res["radix_hit_vs_miss_identical"] = sum(a == b for a, b in zip(again, runs[name], strict=True))
                 prefill = [engine.prefill_logits(p).float().cpu() for p in prompts[:4]]
+                if not quick:  # Skiff's prefill over its own greedy tokens: its decode-vs-prefill floor
+                    skiff_tf = [engine.prefill_logits(p + o)[len(p) - 1 : len(p) - 1 + len(o)].float()
+                                for p, o in zip(prompts, runs[name], strict=True)]
             engine.check_integrity()
         finally:
             free(engine)
@@ -461,6 +466,10 @@ def check_section(path: Path, hf: Any, args: argparse.Namespace, n_prompts: int 
         eager = hf_preds(base)
         hf.set_attn_implementation("sdpa")
         res["hf_eager_vs_hf_sdpa_agreement"] = agreement([p.argmax(-1).tolist() for p in eager], preds16)[0]
+    if not quick:
+        from agreement_floor import floor_section
+
+        res["floor"] = floor_section(hf, prompts, n_new, args.device, base, skiff_tf, hf_preds, preds16, agreement)
     ref16 = prefill_ref()
     res["prefill_logits_rel_err_max"], res["prefill_argmax_agreement"] = rel(prefill, ref16)
     nan |= any(bool(torch.isnan(x).any()) for x in prefill)
@@ -875,7 +884,7 @@ def print_table() -> None:
             keys = ("teacher_forced_agreement", "teacher_forced_agreement_with_exact_ties",
                     "teacher_forced_agreement_with_near_ties", "positions",
                     "fp32_ref_skiff_agreement", "fp32_ref_hf_bf16_agreement", "fp32_ref_prefill_rel_err_skiff",
-                    "fp32_ref_prefill_rel_err_hf_bf16", "radix_hit_teacher_forced_agreement",
+                    "fp32_ref_prefill_rel_err_hf_bf16", "radix_hit_teacher_forced_agreement", "floor",
                     "overlap_on_off_identical", "radix_hit_vs_miss_identical", "ps1_identical_to_ps16",
                     "ps256_identical_to_ps16", "prefill_logits_rel_err_max", "prefill_argmax_agreement", "nan", "error")
             print(k, {x: v.get(x) for x in keys if x in v})
