@@ -1,7 +1,7 @@
 """Launching Triton kernels with little host time: eager steps launch Skiff's fused ops ~6 times per layer.
 
 Triton's `kernel[grid](...)` (JITFunction.run) rebuilds the device, the stream and a string cache key on
-every call; measured on the H200's host, 22-85 us per launch of a fused op against FlashInfer's 10-15
+every call; measured on the H200's host, 35-85 us per launch of a fused op against FlashInfer's 7-22
 (benchmarks/triton_launch.py). `Launcher` keeps the compiled handle that the first launch returns, keyed by
 what Triton specializes on, and launches it directly after that.
 """
