@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Test Kubernetes API for the operator tests: a real kube-apiserver and kube-controller-manager (1.20.2) built
-# from Debian's `kubernetes` source package, plus Debian's etcd. Idempotent: the binaries are cached under
+# Test Kubernetes for the operator and e2e tests: kube-apiserver, kube-controller-manager, kube-scheduler,
+# kubelet and kube-proxy (1.20.2) built from Debian's `kubernetes` source package, plus Debian's etcd. Idempotent: the binaries are cached under
 # $SKIFF_KUBE_CACHE (default ~/.cache/skiff-kube) and a second run returns at once.
 # SKIFF_KUBE_SKIP=1 skips the build (the API tests then skip with a message saying so).
 set -euo pipefail
@@ -8,9 +8,10 @@ CACHE="${SKIFF_KUBE_CACHE:-$HOME/.cache/skiff-kube}"
 BIN="$CACHE/bin"
 GO_VERSION="1.21.13"   # newer Go releases cannot build this 1.20 tree
 [[ "${SKIFF_KUBE_SKIP:-}" == "1" ]] && { echo "kube.sh: skipped (SKIFF_KUBE_SKIP=1)"; exit 0; }
-if [[ -x "$BIN/kube-apiserver" && -x "$BIN/kube-controller-manager" && -x "$BIN/etcd" ]]; then
-  exit 0
-fi
+CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy)
+have_all=1
+for cmd in "${CMDS[@]}" etcd; do [[ -x "$BIN/$cmd" ]] || have_all=0; done
+((have_all)) && exit 0
 start=$(date +%s)
 mkdir -p "$BIN" "$CACHE/apt/lists/partial" "$CACHE/apt/archives/partial" "$CACHE/src"
 log="$CACHE/build.log"
@@ -50,7 +51,7 @@ if [[ -z "$src_dir" ]]; then
 fi
 
 # GOPATH-mode build (the tree predates a usable go.mod for vendored staging repos).
-export GOPATH="$CACHE/gopath" GO111MODULE=off GOCACHE="$CACHE/gocache" GOFLAGS=""
+export GOPATH="$CACHE/gopath" GO111MODULE=off GOCACHE="$CACHE/gocache" GOFLAGS="" GOPROXY=off CGO_ENABLED=0
 mkdir -p "$GOPATH/src/k8s.io"
 ln -sfn "$src_dir" "$GOPATH/src/k8s.io/kubernetes"
 cd "$GOPATH/src/k8s.io/kubernetes"
@@ -65,8 +66,9 @@ if [[ ! -s pkg/generated/openapi/zz_generated.openapi.go ]]; then
 fi
 vpkg="k8s.io/kubernetes/vendor/k8s.io/component-base/version"
 ldflags="-s -w -X $vpkg.gitVersion=v1.20.2 -X $vpkg.gitMajor=1 -X $vpkg.gitMinor=20 -X $vpkg.gitTreeState=clean"
-for cmd in kube-apiserver kube-controller-manager; do
-  go build -ldflags "$ldflags" -o "$BIN/$cmd.tmp" "./cmd/$cmd" >>"$log" 2>&1
+for cmd in "${CMDS[@]}"; do
+  [[ -x "$BIN/$cmd" ]] && continue
+  go build -trimpath -ldflags "$ldflags" -o "$BIN/$cmd.tmp" "./cmd/$cmd" >>"$log" 2>&1
   mv "$BIN/$cmd.tmp" "$BIN/$cmd"
 done
 echo "kube.sh: built in $(( $(date +%s) - start )) s"
