@@ -77,6 +77,7 @@ def test_operator_target_has_no_torch():
     operator = stages()["operator"]
     assert re.search(r"^ARG PYTHON_IMAGE=python:3\.\d+\.\d+-slim-\w+$", DOCKERFILE.read_text(), re.M)
     assert "torch" not in " ".join(pip_commands(operator))
+    assert "-q --disable-pip-version-check ." in pip_commands(operator)  # the base install: no runtime extra
     assert 'ENTRYPOINT ["skiff-operator"]' in operator and re.search(r"^USER \$\{SKIFF_UID\}", operator, re.M)
 
 
@@ -90,19 +91,41 @@ def test_pip_steps_are_the_ci_install_commands():
     assert pinned, ci
     for cmd in pinned:
         assert cmd in image, f"CI runs `pip install {cmd}`; the runtime image does not"
-    assert "-q --disable-pip-version-check ." in image
+    assert "-q --disable-pip-version-check .[runtime]" in image
+
+
+def test_cpu_runtime_target():
+    """runtime-cpu: the CI pins (torch from a CPU index, the embedded model), the kernels built at image build
+    time in a stage of their own, and a final stage with no compiler."""
+    build, final = stages()["runtime-cpu-build"], stages()["runtime-cpu"]
+    text = DOCKERFILE.read_text()
+    assert re.search(r"^ARG CPU_BASE_IMAGE=python:3\.11\.\d+-slim-\w+$", text, re.M)
+    cmds = pip_commands(build, {**arg_defaults(build), "TORCH_PIP_ARGS": ""})
+    ci = [c for c in pip_commands((ROOT / "scripts" / "install.sh").read_text()) if "==" in c]
+    for cmd in ci:
+        assert cmd in cmds, (cmd, cmds)
+    assert "cpu.available()" in build and "g++" in build
+    assert "g++" not in final and "COPY --from=runtime-cpu-build /opt/skiff /opt/skiff" in final
+    assert re.search(r"^\s+SKIFF_KERNELS_DIR=/opt/skiff/prebuilt/kernels", final, re.M)
+    assert 'ENTRYPOINT ["/usr/bin/tini", "--", "skiff", "serve"]' in final
+    assert re.search(r"^USER \$\{SKIFF_UID\}", final, re.M)
+    # A CA for the build's pip comes in as a secret, never as a layer.
+    assert "COPY" not in re.sub(r"^COPY (--from=\S+ )?(pyproject|README|runtime|operator|/opt/skiff).*$", "", text, flags=re.M)
+    assert text.count("--mount=type=secret,id=pip-ca") == 3
 
 
 def test_project_version_label_matches_pyproject():
     version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)[1]
-    for name, stage in stages().items():
+    published = {name: stage for name, stage in stages().items() if "LABEL org.opencontainers" in stage}
+    assert set(published) == {"runtime", "runtime-cpu", "operator"}, set(published)
+    for name, stage in published.items():
         assert arg_defaults(stage)["SKIFF_VERSION"] == version, name
 
 
 def test_dockerignore_keeps_context_to_what_is_copied():
     ignore = (ROOT / ".dockerignore").read_text().split()
     assert ignore[ignore.index("*")] == "*"
-    copied = set(re.findall(r"^COPY (?:--\S+ )*(.+) \S+$", DOCKERFILE.read_text(), re.M))
+    copied = set(re.findall(r"^COPY (?!--from)(?:--\S+ )*(.+) \S+$", DOCKERFILE.read_text(), re.M))
     sources = {s.rstrip("/") for line in copied for s in line.split()}
     assert sources == {"pyproject.toml", "README.md", "runtime", "operator"}, sources
     for s in sources:

@@ -13,6 +13,10 @@
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [get, list, watch, create, update, patch, delete]
+# autoscaling.mode=operator reads and sets replicas through the Deployment's /scale.
+- apiGroups: [apps]
+  resources: [deployments/scale]
+  verbs: [get, patch, update]
 - apiGroups: [""]
   resources: [services]
   verbs: [get, list, watch, create, update, patch, delete]
