@@ -216,7 +216,8 @@ RUN --mount=type=secret,id=pip-ca \
  && python3 -m pip install -q --disable-pip-version-check . \
  && python3 -c "import sys, skiff_operator.main, skiff.commands.router; assert 'torch' not in sys.modules" \
  && ! python3 -c "import torch" 2>/dev/null \
- && ! python3 -c "import transformers" 2>/dev/null
+ && ! python3 -c "import transformers" 2>/dev/null \
+ && python3 -m pip uninstall -q -y pip setuptools
 
 WORKDIR /
 USER ${SKIFF_UID}:${SKIFF_UID}

@@ -39,7 +39,9 @@ build() {  # TARGET IMAGE
     buildah push -q "$2" "oci-archive:$tar.tmp:$2"
     mv "$tar.tmp" "$tar"
     log "built $2 in $((SECONDS - t0)) s: $(buildah images --format '{{.Size}}' "$2" | head -n1)"
-    find "$IMAGE_DIR" -name "$(basename "$(image_archive "$2" "")")*.tar" ! -name "$(basename "$tar")" -delete
+    # Older archives of this image, and the layers no image uses any more.
+    find "$IMAGE_DIR" -name "$(echo "$2" | tr '/:' '__')-*.tar" ! -name "$(basename "$tar")" -delete
+    buildah rmi --prune >/dev/null 2>&1 || true
   fi
   echo "$tar"
 }

@@ -44,10 +44,12 @@ def helm_config(cluster):
 
 @pytest.fixture(scope="module")
 def router_url(cluster, helm_config, tmp_path_factory) -> str:
+    # Left by an earlier, interrupted run on a kept cluster: the services go while their operator runs
+    # (it holds their finalizers), then the release.
+    cluster.kubectl("delete", "namespace", NS, "--ignore-not-found", "--timeout=180s", timeout=200)
     for release in helm_config.list():
-        if release["name"] == RELEASE:  # left by an earlier, interrupted run on a kept cluster
+        if release["name"] == RELEASE:
             helm_config.uninstall(RELEASE)
-    cluster.kubectl("delete", "namespace", NS, "--ignore-not-found", "--timeout=120s")
     chart = chart_for_test_server(tmp_path_factory.mktemp("chart"))
     values = {"image": {"repository": "localhost/skiff-operator", "tag": VERSION, "pullPolicy": "Never"},
               "runtime": {"image": {"repository": "localhost/skiff", "tag": f"{VERSION}-cpu"}}}

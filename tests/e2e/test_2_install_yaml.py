@@ -23,18 +23,23 @@ def _local(text: str) -> str:
     return text.replace("ghcr.io/skiff-project/", "localhost/")
 
 
+def _for_old_servers(text: str) -> str:
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    for d in docs:
+        if d["kind"] == "CustomResourceDefinition":
+            _strip_for_old_servers(d)
+    return yaml.safe_dump_all(docs)
+
+
 def test_install_yaml_serves_the_embedded_model(cluster, tmp_path):
     # A fresh cluster: the CRD kept by the Helm test's uninstall goes first.
     cluster.kubectl("delete", "crd", "inferenceservices.skiff.dev", "--ignore-not-found", "--timeout=120s")
     crds = tmp_path / "crds"
     crds.mkdir()
     for f in sorted((ROOT / "manifests" / "crds").glob("*.yaml")):
-        docs = [d for d in yaml.safe_load_all(f.read_text()) if d]
-        for d in docs:
-            _strip_for_old_servers(d)
-        (crds / f.name).write_text(yaml.safe_dump_all(docs))
+        (crds / f.name).write_text(_for_old_servers(f.read_text()))
     install = tmp_path / "install.yaml"
-    install.write_text(_local((ROOT / "manifests" / "install.yaml").read_text()))
+    install.write_text(_for_old_servers(_local((ROOT / "manifests" / "install.yaml").read_text())))
 
     t0 = time.monotonic()
     cluster.kubectl("apply", "--server-side", "-f", str(crds))
@@ -56,5 +61,5 @@ def test_install_yaml_serves_the_embedded_model(cluster, tmp_path):
 
     cluster.kubectl("delete", "-n", NS, "inferenceservice/smollm2", "--timeout=120s")
     wait_until("the pods gone", lambda: not cluster.get("pods", "-n", NS)["items"], timeout=120)
-    cluster.kubectl("delete", "-f", str(install), "--timeout=180s")
+    cluster.kubectl("delete", "--ignore-not-found", "-f", str(install), "--timeout=180s", timeout=200)
     cluster.kubectl("delete", "namespace", NS, "--timeout=120s")
