@@ -218,15 +218,16 @@ down() {
   done
   "$KUBE_BIN/kube-proxy" --cleanup >/dev/null 2>&1 || true
   # What the kubelet and the shim leave: mounts under the state folder, pod logs, kubepods cgroups, links.
-  grep -F " $D/" /proc/mounts | awk '{print $2}' | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
+  { grep -F " $D/" /proc/mounts || true; } | awk '{print $2}' | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
   rm -rf /var/log/pods /var/log/containers "$D/cni/ipam"
   for cg in /sys/fs/cgroup/*/kubepods; do
     [[ -d "$cg" ]] && find "$cg" -depth -type d -exec rmdir {} \; 2>/dev/null || true
   done
   for link in "$POD_LINK" "$NODE_LINK"; do ip link del "$link" 2>/dev/null || true; done
-  iptables-save | grep -q "CNI-" && {
-    iptables-save | grep -v -e "CNI-" | iptables-restore 2>/dev/null || true
-  }
+  # The CNI plugin's chains (per sandbox) and the kubelet's canary and mark chains, with every rule using them.
+  if iptables-save | grep -q -e "CNI-" -e "KUBE-"; then
+    iptables-save | grep -v -e "CNI-" -e "KUBE-" | iptables-restore || true
+  fi
   log "cluster down"
 }
 
