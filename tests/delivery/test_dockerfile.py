@@ -143,3 +143,14 @@ def test_slim_image_entry_points_import_without_torch():
     if "No module named 'skiff_operator.main'" in proc.stderr or "No module named 'skiff.commands.router'" in proc.stderr:
         pytest.fail("the operator (skiff_operator.main) and router (skiff.commands.router) entry points must exist")
     assert proc.returncode == 0, proc.stderr
+
+
+def test_runtime_commands_say_what_a_slim_install_lacks():
+    """In the operator image `skiff serve` has no torch: a clear message and exit 2, not a traceback."""
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from skiff.cli import main\n"
+            "sys.exit(main(['serve', '--port', '1']))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "lacks 'torch'" in proc.stderr and "skiff[runtime]" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr

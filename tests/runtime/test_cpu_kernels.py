@@ -161,3 +161,19 @@ def test_fp16_kv_cache_keeps_greedy_output_close_on_both_paths() -> None:
         same = sum(a == b for w, g in zip(want, got, strict=True) for a, b in zip(w, g, strict=True))
         assert same >= 0.9 * sum(len(w) for w in want), (disable, got, want)
         assert all(g[:8] == w[:8] for w, g in zip(want, got, strict=True)), (disable, got, want)
+
+
+def test_a_prebuilt_library_is_loaded_from_skiff_kernels_dir(k, tmp_path) -> None:
+    """An image ships the library prebuilt (SKIFF_KERNELS_DIR, read-only); a fresh cache dir builds nothing."""
+    built = cpu_kernels._library_path()
+    prebuilt = tmp_path / "prebuilt"
+    prebuilt.mkdir()
+    (prebuilt / built.name).write_bytes(built.read_bytes())
+    prebuilt.chmod(0o555)
+    code = "from skiff.kernels import cpu; assert cpu.available(); print(cpu._library_path())"
+    # CXX=false: a build attempt would fail, so passing means the prebuilt file was loaded.
+    env = {**os.environ, "SKIFF_KERNELS_DIR": str(prebuilt), "SKIFF_CACHE_DIR": str(tmp_path / "cache"), "CXX": "false"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(prebuilt / built.name)
+    assert not (tmp_path / "cache" / "kernels").exists()
