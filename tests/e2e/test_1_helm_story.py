@@ -72,6 +72,19 @@ def test_helm_install_operator_and_router_available(cluster, helm_config, router
     result = helm_config.test(RELEASE, timeout=120, logs=True)
     assert result["release"]["status"] == "deployed"
     assert "models: []" in result["logs"], result["logs"]
+    # The README's way in from a workstation: kubectl port-forward to the router's Service.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    forward = subprocess.Popen(["kubectl", "--kubeconfig", cluster.kubeconfig, "-n", SYSTEM_NS, "port-forward",
+                                "svc/skiff-router", f"{port}:80"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        models = wait_until("the port-forward", lambda: httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5)
+                            .json(), timeout=30)
+        assert models["object"] == "list", models
+    finally:
+        forward.terminate()
+        forward.wait(timeout=10)
 
 
 def _phase_and_pods(cluster) -> tuple[str | None, list[dict]]:
