@@ -583,8 +583,9 @@ def diag_section(spec: dict[str, Any], path: Path, args: argparse.Namespace) -> 
     return out
 
 
-def profile_section(path: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """Steady-state decode at bs 256 (~600-token contexts): kernel time by category and host phases per step."""
+def profile_section(path: Path, args: argparse.Namespace, trace: str = "decode_profile_trace.json") -> dict[str, Any]:
+    """Steady-state decode at bs 256 (~600-token contexts): kernel time by category and host phases per step;
+    also the wall time of the prefill phase before it (256 prompts, chunked)."""
     from skiff.params import SamplingParams
 
     rng = random.Random(3)
@@ -610,8 +611,15 @@ def profile_section(path: Path, args: argparse.Namespace) -> dict[str, Any]:
         generate(engine, prompts[:4], [SamplingParams(max_tokens=4, temperature=0.6, ignore_eos=True)] * 4)
         for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
             engine.add_request(f"prof{i}", p, sp)
+        if not args.cpu:
+            torch.cuda.synchronize()
+        t_prefill, prefill_steps = time.perf_counter(), 0
         while any(r.remaining > 1 or not r.output_ids for r in engine.scheduler.running) or engine.scheduler.waiting:
             engine.step()  # prefill everything first
+            prefill_steps += 1
+        if not args.cpu:
+            torch.cuda.synchronize()
+        prefill_wall = time.perf_counter() - t_prefill
         for _ in range(5):
             engine.step()
         timed(engine.scheduler, "schedule", "schedule")
@@ -633,7 +641,10 @@ def profile_section(path: Path, args: argparse.Namespace) -> dict[str, Any]:
         if not args.cpu:
             torch.cuda.synchronize()
         wall = time.perf_counter() - t0
-        res: dict[str, Any] = {"batch": len(engine.scheduler.running), "steps": steps,
+        res: dict[str, Any] = {"prefill_phase": {"prompt_tokens": sum(map(len, prompts)), "steps": prefill_steps,
+                                                 "wall_s": round(prefill_wall, 3),
+                                                 "tok_s": round(sum(map(len, prompts)) / prefill_wall)},
+                               "batch": len(engine.scheduler.running), "steps": steps,
                                "wall_ms_per_step": round(wall / steps * 1e3, 3),
                                "host_ms_per_step": {k: round(sum(v) / steps * 1e3, 3) for k, v in host.items()}}
         if prof is not None:
@@ -658,7 +669,7 @@ def profile_section(path: Path, args: argparse.Namespace) -> dict[str, Any]:
             res["gpu_ms_per_step_by_category"] = {k: round(v, 3) for k, v in sorted(cats.items(), key=lambda x: -x[1])}
             res["gpu_ms_per_step_total"] = round(sum(cats.values()), 3)
             res["top_kernels_ms_per_step"] = [(round(t, 3), k) for t, k in top[:15]]
-            prof.export_chrome_trace(str(OUT / "decode_profile_trace.json"))
+            prof.export_chrome_trace(str(OUT / trace))
         while engine.has_work:
             engine.step()
         return res
@@ -839,6 +850,9 @@ def main() -> None:
             original = mr.iter_tensors
             mr.iter_tensors = tensors
             try:
+                if want("profile_8b"):  # before the throughput runs: the table comes before any change
+                    section("profile_decode_qwen3_8b", budget)(profile_section, big_path, args,
+                                                               "decode_profile_trace_8b.json")
                 section("tput_qwen3_8b", budget)(tput_section, big_path, args, QWEN3_8B, "Qwen3-8B shape, overlap+graphs")
                 section("tput_qwen3_8b_no_overlap", budget - 60)(tput_section, big_path, args, QWEN3_8B,
                                                                  "Qwen3-8B shape, overlap off", disable_overlap=True)
@@ -898,10 +912,11 @@ def print_table() -> None:
               f"TPOT p50/p99 {r['tpot_ms']['p50']:.1f}/{r['tpot_ms']['p99']:.1f} ms")
     if serve.get("error"):
         print("serve", serve["error"])
-    prof = RESULTS.get("profile_decode") or {}
-    if prof:
-        print("profile", {k: prof.get(k) for k in ("batch", "wall_ms_per_step", "gpu_ms_per_step_total",
-                                                   "gpu_ms_per_step_by_category", "host_ms_per_step", "error")})
+    for name in ("profile_decode", "profile_decode_qwen3_8b"):
+        prof = RESULTS.get(name) or {}
+        if prof:
+            print(name, {k: prof.get(k) for k in ("prefill_phase", "batch", "wall_ms_per_step", "gpu_ms_per_step_total",
+                                                  "gpu_ms_per_step_by_category", "host_ms_per_step", "error")})
     print(f"total {RESULTS.get('total_seconds')} s")
 
 
