@@ -30,10 +30,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def configure_logging(level: str) -> None:
+    """One handler (kopf's) on the root logger, so each line is printed once. At info, kopf's per-object
+    chatter ("Handler ... succeeded" for every child event) is left out; its warnings and errors stay."""
+    kopf.configure(verbose=level == "debug", log_format=kopf.LogFormat.FULL)
+    logging.getLogger().setLevel(level.upper())
+    chatter = logging.DEBUG if level == "debug" else max(logging.WARNING, logging.getLevelName(level.upper()))
+    logging.getLogger("kopf.objects").setLevel(chatter)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    kopf.configure(verbose=args.log_level == "debug")
+    configure_logging(args.log_level)
     handlers.STATE.settings = dataclasses.replace(
         handlers.STATE.settings, default_image=args.default_image, cluster_domain=args.cluster_domain
     )
