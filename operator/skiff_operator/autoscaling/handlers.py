@@ -10,24 +10,18 @@ loop leader-only. Settings come from the environment of the operator pod:
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 from typing import Any
 
 import kopf
-import kubernetes
-from kubernetes.client.exceptions import ApiException
 
 from skiff_operator.handlers import ISVC, STATE
-from skiff_operator.spec import GROUP, PLURAL, VERSION
 
 from .loop import Autoscaler, status_patch
 
 INTERVAL = float(os.environ.get("SKIFF_AUTOSCALE_INTERVAL", "15"))
 ROUTER_URLS = tuple(u.strip() for u in os.environ.get("SKIFF_ROUTER_METRICS_URL", "").split(",") if u.strip())
 _scaler: Autoscaler | None = None
-_timed: set[tuple[str, str]] = set()  # autoscaled services seen: kopf guards their timers with its finalizer
-log = logging.getLogger(__name__)
 
 
 def autoscaler() -> Autoscaler:
@@ -72,33 +66,3 @@ async def replicas_changed(body: kopf.Body, **_: Any) -> None:
 def forget(uid: str, **_: Any) -> None:
     if _scaler is not None:
         _scaler.forget(uid)
-
-
-@kopf.on.event(*ISVC)
-def track(event: dict, body: kopf.Body, **_: Any) -> None:
-    key = (body["metadata"]["namespace"], body["metadata"]["name"])
-    if event.get("type") == "DELETED" or not (body.get("spec") or {}).get("autoscaling"):
-        _timed.discard(key)
-    else:
-        _timed.add(key)
-
-
-@kopf.on.cleanup()
-async def release_timer_finalizers(settings: kopf.OperatorSettings, **_: Any) -> None:
-    """kopf puts its finalizer on every object with a timer. On the operator's way out (helm uninstall, scale
-    to 0, a rollout) it comes off, so `kubectl delete` never waits for an operator that is gone; the next
-    instance puts it back when it resumes the timers."""
-    await asyncio.to_thread(_release, settings.persistence.finalizer, sorted(_timed))
-
-
-def _release(finalizer: str, keys: list[tuple[str, str]]) -> None:
-    api = kubernetes.client.CustomObjectsApi(STATE.api().api)
-    for namespace, name in keys:
-        try:
-            obj = api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
-            kept = [f for f in obj["metadata"].get("finalizers") or [] if f != finalizer]
-            if kept != (obj["metadata"].get("finalizers") or []):
-                patch = {"metadata": {"finalizers": kept, "resourceVersion": obj["metadata"]["resourceVersion"]}}
-                api.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, patch)
-        except ApiException as e:  # gone, or changed meanwhile: the next instance resumes it either way
-            log.info("%s/%s: finalizer left in place: %s", namespace, name, e.reason)
