@@ -15,7 +15,7 @@ if [[ ! -s "$base_tar" ]]; then
   rootfs="$CLUSTER_CACHE/rootfs.tmp"
   rm -rf "$rootfs"
   debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
-    "$DEBIAN_SUITE" "$rootfs" "$(debian_mirror)" >"$CLUSTER_CACHE/debootstrap.log" 2>&1
+    "$DEBIAN_SUITE" "$rootfs" "$(bash "$here/../debian-mirror.sh")" >"$CLUSTER_CACHE/debootstrap.log" 2>&1
   chroot "$rootfs" apt-get clean
   # No docs, manuals or translations (as in the slim images of a registry); apt keeps them out from now on.
   rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/*.bin "$rootfs"/usr/share/doc/* \
@@ -29,7 +29,7 @@ if [[ ! -s "$base_tar" ]]; then
   buildah commit -q --rm "$c" "$BASE_IMAGE" >/dev/null
   buildah push -q "$BASE_IMAGE" "oci-archive:$base_tar.tmp:$BASE_IMAGE"
   mv "$base_tar.tmp" "$base_tar"
-  find "$IMAGE_DIR" -name "$(echo "$BASE_IMAGE" | tr '/:' '__')-*.tar" ! -name "$(basename "$base_tar")" -delete
+  prune_archives "$BASE_IMAGE" "$base_tar"
   rm -rf "$rootfs"
 fi
 buildah inspect "$BASE_IMAGE" >/dev/null 2>&1 || buildah pull -q "oci-archive:$base_tar" >/dev/null

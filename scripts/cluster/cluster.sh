@@ -119,8 +119,6 @@ CFG
 
 import_images() {
   local sock="$D/containerd/containerd.sock" tar name
-  local have
-  have=$(ctr -a "$sock" -n k8s.io images ls -q)
   for tar in $(bash "$here/images.sh"); do
     name=$(basename "$tar")
     grep -qxF "$name" "$D/imported" 2>/dev/null && continue
@@ -128,7 +126,6 @@ import_images() {
     ctr -a "$sock" -n k8s.io images import --no-unpack=false "$tar" >/dev/null
     echo "$name" >>"$D/imported"
   done
-  : "$have"
 }
 
 up() {

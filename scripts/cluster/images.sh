@@ -40,7 +40,7 @@ build() {  # TARGET IMAGE
     mv "$tar.tmp" "$tar"
     log "built $2 in $((SECONDS - t0)) s: $(buildah images --format '{{.Size}}' "$2" | head -n1)"
     # Older archives of this image, and the layers no image uses any more.
-    find "$IMAGE_DIR" -name "$(echo "$2" | tr '/:' '__')-*.tar" ! -name "$(basename "$tar")" -delete
+    prune_archives "$2" "$tar"
     buildah rmi --prune >/dev/null 2>&1 || true
   fi
   echo "$tar"

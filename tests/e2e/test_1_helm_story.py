@@ -6,7 +6,6 @@ The tests run in file order and build on each other (one cluster, one release)."
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ from e2e_helpers import MODEL, ROOT, StreamLoad, chat, condition, example, is_re
 
 sys.path.insert(0, str(ROOT / "tests" / "delivery"))
 sys.path.insert(0, str(ROOT / "tests" / "operator"))
-from test_helm_install import chart_for_test_server  # noqa: E402  (the chart minus what 1.20 cannot hold)
+from test_helm_install import chart_for_test_server, free_port  # noqa: E402  (chart: minus what 1.20 lacks)
 
 RELEASE, SYSTEM_NS, NS = "skiff", "skiff-system", "models"
 VERSION = "0.1.0"
@@ -73,9 +72,7 @@ def test_helm_install_operator_and_router_available(cluster, helm_config, router
     assert result["release"]["status"] == "deployed"
     assert "models: []" in result["logs"], result["logs"]
     # The README's way in from a workstation: kubectl port-forward to the router's Service.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     forward = subprocess.Popen(["kubectl", "--kubeconfig", cluster.kubeconfig, "-n", SYSTEM_NS, "port-forward",
                                 "svc/skiff-router", f"{port}:80"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -128,9 +125,7 @@ def _local_skiff_serve_answer(cluster, tmp_path: Path) -> str:
     """`skiff serve` on this machine with the pod's own command line (host and port aside)."""
     deploy = cluster.get("deployment", "-n", NS, "smollm2")
     cmd = list(deploy["spec"]["template"]["spec"]["containers"][0]["command"])
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     cmd[cmd.index("--host") + 1], cmd[cmd.index("--port") + 1] = "127.0.0.1", str(port)
     cmd[0] = shutil.which("skiff") or cmd[0]
     log = tmp_path / "skiff-serve.log"

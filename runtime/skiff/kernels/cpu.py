@@ -40,11 +40,12 @@ def _library_path() -> Path:
 
     sources = b"".join(src.read_bytes() for src in SOURCES)
     key = hashlib.sha256(sources + torch.__version__.encode() + _cpu_flags().encode()).hexdigest()[:16]
+    name = f"skiff_cpu_{key}.so"
     # An image ships the library prebuilt (read-only) for the CPU it was built on; any other CPU builds its own.
     prebuilt = os.environ.get("SKIFF_KERNELS_DIR")
-    if prebuilt and (Path(prebuilt) / f"skiff_cpu_{key}.so").exists():
-        return Path(prebuilt) / f"skiff_cpu_{key}.so"
-    return cache_dir() / "kernels" / f"skiff_cpu_{key}.so"
+    if prebuilt and (Path(prebuilt) / name).exists():
+        return Path(prebuilt) / name
+    return cache_dir() / "kernels" / name
 
 
 def _compile(out: Path, cxx: str) -> None:
