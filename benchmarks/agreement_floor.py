@@ -22,9 +22,18 @@ def hf_greedy(hf: Any, prompts: list[list[int]], n_new: int, device: str) -> lis
     with torch.no_grad():
         for p in prompts:
             ids = torch.tensor([p], device=device)
-            g = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n_new, min_new_tokens=n_new,
-                            do_sample=False, temperature=None, top_p=None, top_k=None, pad_token_id=0)
-            outs.append(g[0, len(p):].tolist())
+            g = hf.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=n_new,
+                min_new_tokens=n_new,
+                do_sample=False,
+                temperature=None,
+                top_p=None,
+                top_k=None,
+                pad_token_id=0,
+            )
+            outs.append(g[0, len(p) :].tolist())
     return outs
 
 
@@ -33,13 +42,24 @@ def sdpa_backends(device: str) -> list[tuple[str, Any]]:
 
     if device == "cpu":
         return [("math", SDPBackend.MATH)]
-    return [("math", SDPBackend.MATH), ("mem_efficient", SDPBackend.EFFICIENT_ATTENTION),
-            ("cudnn", SDPBackend.CUDNN_ATTENTION)]
+    return [
+        ("math", SDPBackend.MATH),
+        ("mem_efficient", SDPBackend.EFFICIENT_ATTENTION),
+        ("cudnn", SDPBackend.CUDNN_ATTENTION),
+    ]
 
 
-def floor_section(hf: Any, prompts: list[list[int]], n_new: int, device: str, skiff_tokens: list[list[int]],
-                  skiff_prefill: Preds, hf_preds: Callable[[list[list[int]]], Preds], hf_sdpa_preds: Preds,
-                  agreement: Agreement) -> dict[str, Any]:
+def floor_section(
+    hf: Any,
+    prompts: list[list[int]],
+    n_new: int,
+    device: str,
+    skiff_tokens: list[list[int]],
+    skiff_prefill: Preds,
+    hf_preds: Callable[[list[list[int]]], Preds],
+    hf_sdpa_preds: Preds,
+    agreement: Agreement,
+) -> dict[str, Any]:
     """hf_sdpa_preds: HF (default SDPA) teacher-forced over skiff_tokens; skiff_prefill: Skiff's prefill logits
     over prompt + skiff_tokens, the rows that predict skiff_tokens. A control that cannot run (an SDPA backend
     without a kernel for these shapes) records its error and the others still run."""
@@ -63,8 +83,10 @@ def floor_section(hf: Any, prompts: list[list[int]], n_new: int, device: str, sk
         return agreement([p.argmax(-1).tolist() for p in other], hf_sdpa_preds)
 
     control("skiff_decode_vs_skiff_prefill", lambda: agreement(skiff_tokens, skiff_prefill))
-    control("skiff_prefill_vs_hf_prefill",
-            lambda: agreement([p.argmax(-1).tolist() for p in skiff_prefill], hf_sdpa_preds))
+    control(
+        "skiff_prefill_vs_hf_prefill",
+        lambda: agreement([p.argmax(-1).tolist() for p in skiff_prefill], hf_sdpa_preds),
+    )
     for name, backend in sdpa_backends(device):
         control(f"hf_sdpa_{name}_vs_hf_sdpa_default", lambda b=backend: backend_vs_default(b))
     control("hf_decode_vs_hf_prefill", hf_decode)

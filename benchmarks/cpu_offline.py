@@ -21,18 +21,29 @@ import time
 import torch
 
 QUESTIONS = [
-    "What is the capital of France?", "Write a haiku about the sea.", "Why is the sky blue?",
-    "Give me a recipe for pancakes.", "Explain recursion to a child.", "What does a compiler do?",
-    "Name three planets of the solar system.", "Tell me a short joke about computers.",
-    "What is photosynthesis?", "How do I reverse a list in Python?", "Who wrote Romeo and Juliet?",
-    "Summarize the plot of Cinderella.", "What are the primary colors?", "Describe a cat.",
-    "How many days are in a leap year?", "Suggest a name for a pet goldfish.",
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Why is the sky blue?",
+    "Give me a recipe for pancakes.",
+    "Explain recursion to a child.",
+    "What does a compiler do?",
+    "Name three planets of the solar system.",
+    "Tell me a short joke about computers.",
+    "What is photosynthesis?",
+    "How do I reverse a list in Python?",
+    "Who wrote Romeo and Juliet?",
+    "Summarize the plot of Cinderella.",
+    "What are the primary colors?",
+    "Describe a cat.",
+    "How many days are in a leap year?",
+    "Suggest a name for a pet goldfish.",
 ]
 
 
 def chat_ids(tokenizer, question: str) -> list[int]:
-    text = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
-                                         tokenize=False)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
+    )
     return list(tokenizer(text, add_special_tokens=False).input_ids)
 
 
@@ -40,8 +51,14 @@ def hf_single_stream(model, prompt: list[int], new_tokens: int) -> float:
     ids = torch.tensor([prompt])
     t0 = time.perf_counter()
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens, do_sample=False,
-                             eos_token_id=None, pad_token_id=0)
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
     dt = time.perf_counter() - t0
     assert out.shape[1] - len(prompt) == new_tokens
     return new_tokens / dt
@@ -75,12 +92,16 @@ def main() -> None:
 
     path = embedded_model_path()
     llm = LLM(model=None, dtype="float32", num_threads=args.threads, max_total_tokens=16384)
-    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).eval()
     torch.set_num_threads(args.threads)
     tok = llm.tokenizer
     single = chat_ids(tok, QUESTIONS[0])
-    batch = [chat_ids(tok, QUESTIONS[i % len(QUESTIONS)]) + [198] * (i // len(QUESTIONS))
-             for i in range(args.concurrency)]
+    batch = [
+        chat_ids(tok, QUESTIONS[i % len(QUESTIONS)]) + [198] * (i // len(QUESTIONS))
+        for i in range(args.concurrency)
+    ]
 
     # warm-up (the radix cache is irrelevant here: each request's prompt is short next to its output)
     hf_single_stream(hf, single, 8)
@@ -106,10 +127,14 @@ def main() -> None:
     }
     llm.shutdown()
     print(f"HF transformers generate, 1 stream : {best['hf_single']:8.1f} tok/s")
-    print(f"Skiff, 1 stream                    : {best['skiff_single']:8.1f} tok/s  "
-          f"({report['single_vs_hf']:.2f}x HF; bar >= 1x)")
-    print(f"Skiff, {args.concurrency} concurrent (aggregate)     : {best['skiff_concurrent']:8.1f} tok/s  "
-          f"({report['concurrent_vs_hf_single']:.2f}x HF single; bar >= 6x)")
+    print(
+        f"Skiff, 1 stream                    : {best['skiff_single']:8.1f} tok/s  "
+        f"({report['single_vs_hf']:.2f}x HF; bar >= 1x)"
+    )
+    print(
+        f"Skiff, {args.concurrency} concurrent (aggregate)     : {best['skiff_concurrent']:8.1f} tok/s  "
+        f"({report['concurrent_vs_hf_single']:.2f}x HF single; bar >= 6x)"
+    )
     print(json.dumps(report, indent=2))
     if args.json:
         with open(args.json, "w") as f:

@@ -19,8 +19,10 @@ HIDDEN, INTER, HQ, HK, HD = 1024, 3072, 16, 8, 128  # Qwen3-0.6B widths
 
 def _random(gen: torch.Generator, dtype: torch.dtype) -> Any:
     """rnd(*shape, scale=1.0): fresh normal values from gen, in dtype, on gen's device."""
+
     def rnd(*shape: int, scale: float = 1.0) -> torch.Tensor:
         return (torch.randn(*shape, device=gen.device, generator=gen) * scale).to(dtype)
+
     return rnd
 
 
@@ -37,8 +39,9 @@ def _hf_ops(dtype: torch.dtype):
         emb = torch.cat([freqs, freqs], -1)
         cos, sin = emb.cos().to(dtype)[None], emb.sin().to(dtype)[None]
         t = q.shape[0]
-        qr, kr = apply_rotary_pos_emb(q.reshape(1, t, -1, hd).transpose(1, 2), k.reshape(1, t, -1, hd).transpose(1, 2),
-                                      cos, sin)
+        qr, kr = apply_rotary_pos_emb(
+            q.reshape(1, t, -1, hd).transpose(1, 2), k.reshape(1, t, -1, hd).transpose(1, 2), cos, sin
+        )
         return qr.transpose(1, 2).reshape(t, -1), kr.transpose(1, 2).reshape(t, -1)
 
     return rms, rope
@@ -57,15 +60,19 @@ def fused_ops_section(device: str = "cuda", dtype: torch.dtype = torch.bfloat16)
         if ops is None:
             out[name] = "unavailable"
             continue
-        res = {str(dt).removeprefix("torch."): _equality(ops, dt, gen, inv_freq, cos_sin) for dt in (dtype, torch.float16)}
+        res = {
+            str(dt).removeprefix("torch."): _equality(ops, dt, gen, inv_freq, cos_sin)
+            for dt in (dtype, torch.float16)
+        }
         for label, t in (("decode_256", 256), ("prefill_16384", 16384)):
             res[f"us_{label}"] = _time_ops(ops, t, _random(gen, dtype), cos_sin, gen)
         out[name] = res
     return out
 
 
-def _equality(ops: Any, dtype: torch.dtype, gen: torch.Generator, inv_freq: torch.Tensor,
-              cos_sin: torch.Tensor) -> dict[str, Any]:
+def _equality(
+    ops: Any, dtype: torch.dtype, gen: torch.Generator, inv_freq: torch.Tensor, cos_sin: torch.Tensor
+) -> dict[str, Any]:
     """Fraction of output elements bit-equal to HF's torch code, on fresh random inputs."""
     hf_rms, hf_rope = _hf_ops(dtype)
     rnd = _random(gen, dtype)
@@ -106,10 +113,14 @@ def _time_ops(ops: Any, t: int, rnd: Any, cos_sin: torch.Tensor, gen: torch.Gene
     q, k = qkv[:, : hq * hd], qkv[:, hq * hd : (hq + hk) * hd]
     pos = torch.randint(0, cos_sin.shape[0], (t,), device=x.device, generator=gen)
     gu = rnd(t, 2 * inter)
-    calls = {"rms_norm": lambda: ops.rms_norm(x, w, 1e-6),
-             "head_norm": lambda: ops.rms_norm(q.view(t, hq, hd), wh, 1e-6),
-             "add_rms_norm": lambda: ops.add_rms_norm_(x, r, w, 1e-6),
-             "rope": lambda: ops.rope_(pos, q, k, hd, cos_sin),
-             "silu_and_mul": lambda: ops.silu_and_mul(gu)}
-    return {op: round(1e3 * triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"), 2)
-            for op, fn in calls.items()}
+    calls = {
+        "rms_norm": lambda: ops.rms_norm(x, w, 1e-6),
+        "head_norm": lambda: ops.rms_norm(q.view(t, hq, hd), wh, 1e-6),
+        "add_rms_norm": lambda: ops.add_rms_norm_(x, r, w, 1e-6),
+        "rope": lambda: ops.rope_(pos, q, k, hd, cos_sin),
+        "silu_and_mul": lambda: ops.silu_and_mul(gu),
+    }
+    return {
+        op: round(1e3 * triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"), 2)
+        for op, fn in calls.items()
+    }

@@ -36,8 +36,12 @@ def free_port() -> int:
 
 def start(args: list[str], port: int, log: Path) -> subprocess.Popen:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return subprocess.Popen([sys.executable, "-m", "skiff.cli", *args, "--port", str(port)],
-                            stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "skiff.cli", *args, "--port", str(port)],
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
@@ -64,11 +68,38 @@ def metric(url: str, name: str) -> float:
 
 
 def bench_serve(router: str, seed: int, a: argparse.Namespace, out: Path) -> dict:
-    cmd = [sys.executable, "-m", "skiff.cli", "bench", "serve", "--base-url", router + "/v1", "--model", "smol",
-           "--dataset", "shared-prefix", "--num-prompts", str(a.prompts), "--shared-prefix-groups", str(a.groups),
-           "--shared-prefix-len", str(a.prefix_len), "--shared-suffix-len", str(a.suffix_len),
-           "--random-output-len", str(a.max_tokens), "--max-concurrency", str(a.concurrency),
-           "--seed", str(seed), "--warmup-requests", "0", "--no-progress", "--output-json", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "skiff.cli",
+        "bench",
+        "serve",
+        "--base-url",
+        router + "/v1",
+        "--model",
+        "smol",
+        "--dataset",
+        "shared-prefix",
+        "--num-prompts",
+        str(a.prompts),
+        "--shared-prefix-groups",
+        str(a.groups),
+        "--shared-prefix-len",
+        str(a.prefix_len),
+        "--shared-suffix-len",
+        str(a.suffix_len),
+        "--random-output-len",
+        str(a.max_tokens),
+        "--max-concurrency",
+        str(a.concurrency),
+        "--seed",
+        str(seed),
+        "--warmup-requests",
+        "0",
+        "--no-progress",
+        "--output-json",
+        str(out),
+    ]
     subprocess.run(cmd, check=True, timeout=3600)
     return json.loads(out.read_text())["summary"]
 
@@ -92,52 +123,120 @@ def main() -> int:
         backends = []
         for i in range(a.backends):
             port = free_port()
-            procs.append(start(["serve", "--served-model-name", "smol", "--host", "127.0.0.1", "--log-level",
-                                "warning", "--cpu-kv-cache-gb", "0.5", "--num-tokenizers", "1",
-                                "--num-threads", str(a.threads)], port, tmp / f"serve{i}.log"))
+            procs.append(
+                start(
+                    [
+                        "serve",
+                        "--served-model-name",
+                        "smol",
+                        "--host",
+                        "127.0.0.1",
+                        "--log-level",
+                        "warning",
+                        "--cpu-kv-cache-gb",
+                        "0.5",
+                        "--num-tokenizers",
+                        "1",
+                        "--num-threads",
+                        str(a.threads),
+                    ],
+                    port,
+                    tmp / f"serve{i}.log",
+                )
+            )
             backends.append(f"127.0.0.1:{port}")
         discovery = tmp / "discovery.yaml"
 
         def route(strategy: str) -> None:
-            discovery.write_text(yaml.safe_dump({"services": [
-                {"name": "smol", "models": ["smol"], "endpoints": backends, "strategy": strategy,
-                 "prefixChars": 160}]}))
+            discovery.write_text(
+                yaml.safe_dump(
+                    {
+                        "services": [
+                            {
+                                "name": "smol",
+                                "models": ["smol"],
+                                "endpoints": backends,
+                                "strategy": strategy,
+                                "prefixChars": 160,
+                            }
+                        ]
+                    }
+                )
+            )
             time.sleep(1.0)
 
         route("roundRobin")
         router_port = free_port()
-        procs.append(start(["router", "--static", str(discovery), "--host", "127.0.0.1", "--log-level", "warning",
-                            "--refresh-interval", "0.2"], router_port, tmp / "router.log"))
+        procs.append(
+            start(
+                [
+                    "router",
+                    "--static",
+                    str(discovery),
+                    "--host",
+                    "127.0.0.1",
+                    "--log-level",
+                    "warning",
+                    "--refresh-interval",
+                    "0.2",
+                ],
+                router_port,
+                tmp / "router.log",
+            )
+        )
         router = f"http://127.0.0.1:{router_port}"
         for proc, b in zip(procs, backends + [router.removeprefix("http://")], strict=True):
             wait_healthy(f"http://{b}", proc, 600)
-        bench_serve(router, 999, argparse.Namespace(**{**vars(a), "prompts": a.backends, "groups": a.backends}),
-                    tmp / "warmup.json")
+        bench_serve(
+            router,
+            999,
+            argparse.Namespace(**{**vars(a), "prompts": a.backends, "groups": a.backends}),
+            tmp / "warmup.json",
+        )
         rows = []
         for seed, strategy in enumerate(a.strategies.split(",")):
             route(strategy)
-            before = [(metric(f"http://{b}", "sglang:cached_tokens_total"),
-                       metric(f"http://{b}", "sglang:prompt_tokens_total")) for b in backends]
+            before = [
+                (
+                    metric(f"http://{b}", "sglang:cached_tokens_total"),
+                    metric(f"http://{b}", "sglang:prompt_tokens_total"),
+                )
+                for b in backends
+            ]
             summ = bench_serve(router, seed, a, tmp / f"{strategy}.json")
-            after = [(metric(f"http://{b}", "sglang:cached_tokens_total"),
-                      metric(f"http://{b}", "sglang:prompt_tokens_total")) for b in backends]
+            after = [
+                (
+                    metric(f"http://{b}", "sglang:cached_tokens_total"),
+                    metric(f"http://{b}", "sglang:prompt_tokens_total"),
+                )
+                for b in backends
+            ]
             cached = sum(x[0] - y[0] for x, y in zip(after, before, strict=True))
             prompt = sum(x[1] - y[1] for x, y in zip(after, before, strict=True))
-            rows.append({
-                "strategy": strategy, "requests": summ["completed"], "failed": summ["failed"],
-                "wall_s": round(summ["duration_s"], 2), "req_per_s": round(summ["request_throughput"], 3),
-                "output_tok_per_s": round(summ["output_throughput"], 2),
-                "ttft_mean_s": round(summ["ttft_ms"]["mean"] / 1e3, 3),
-                "ttft_p50_s": round(summ["ttft_ms"]["p50"] / 1e3, 3),
-                "ttft_p90_s": round(summ["ttft_ms"]["p90"] / 1e3, 3),
-                "cache_hit_rate": round(cached / prompt, 3) if prompt else 0.0,
-            })
+            rows.append(
+                {
+                    "strategy": strategy,
+                    "requests": summ["completed"],
+                    "failed": summ["failed"],
+                    "wall_s": round(summ["duration_s"], 2),
+                    "req_per_s": round(summ["request_throughput"], 3),
+                    "output_tok_per_s": round(summ["output_throughput"], 2),
+                    "ttft_mean_s": round(summ["ttft_ms"]["mean"] / 1e3, 3),
+                    "ttft_p50_s": round(summ["ttft_ms"]["p50"] / 1e3, 3),
+                    "ttft_p90_s": round(summ["ttft_ms"]["p90"] / 1e3, 3),
+                    "cache_hit_rate": round(cached / prompt, 3) if prompt else 0.0,
+                }
+            )
             print(json.dumps(rows[-1]), flush=True)
-        print("\n| strategy | req/s | output tok/s | TTFT mean (s) | TTFT p50 (s) | TTFT p90 (s) | cache hit rate |")
+        print(
+            "\n| strategy | req/s | output tok/s | TTFT mean (s) | TTFT p50 (s) | TTFT p90 (s) | cache hit rate |"
+        )
         print("|---|---|---|---|---|---|---|")
         for r in rows:
-            print(f"| {r['strategy']} | {r['req_per_s']} | {r['output_tok_per_s']} | {r['ttft_mean_s']} | "
-                  f"{r['ttft_p50_s']} | {r['ttft_p90_s']} | {r['cache_hit_rate']} |")
+            print(
+                f"| {r['strategy']} | {r['req_per_s']} | {r['output_tok_per_s']} | {r['ttft_mean_s']} | "
+                f"{r['ttft_p50_s']} | {r['ttft_p90_s']} | {r['cache_hit_rate']} |"
+            )
         if a.json:
             Path(a.json).write_text(json.dumps({"config": vars(a), "results": rows}, indent=2))
         return 0

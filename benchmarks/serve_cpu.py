@@ -36,8 +36,9 @@ def free_port() -> int:
 
 def start_server(extra: list[str]) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "skiff.cli", "serve", "--port", str(port), "--log-level",
-                             "warning", *extra])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "skiff.cli", "serve", "--port", str(port), "--log-level", "warning", *extra]
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
@@ -78,8 +79,14 @@ def hf_single_stream(tok, input_len: int, output_len: int, seed: int) -> dict:
     def gen(n: int) -> float:
         t0 = time.perf_counter()
         with torch.inference_mode():
-            out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                                 attention_mask=torch.ones_like(ids), pad_token_id=tok.eos_token_id)
+            out = model.generate(
+                ids,
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                attention_mask=torch.ones_like(ids),
+                pad_token_id=tok.eos_token_id,
+            )
         assert out.shape[1] == ids.shape[1] + n
         return time.perf_counter() - t0
 
@@ -87,8 +94,10 @@ def hf_single_stream(tok, input_len: int, output_len: int, seed: int) -> dict:
     prefill = min(gen(1) for _ in range(2))
     total = gen(output_len)
     rate = (output_len - 1) / (total - prefill)
-    print(f"HF transformers fp32 single stream: {rate:.1f} tok/s decode ({total:.2f} s for {output_len} tokens)",
-          flush=True)
+    print(
+        f"HF transformers fp32 single stream: {rate:.1f} tok/s decode ({total:.2f} s for {output_len} tokens)",
+        flush=True,
+    )
     return {"decode_tok_s": rate, "generate_seconds": total, "prefill_seconds": prefill}
 
 
@@ -110,22 +119,39 @@ def main() -> int:
         print("== skiff serve, single stream", flush=True)
         single = bench(url, tok, args.single_requests, 1, args.input_len, args.output_len, args.seed)
         print(f"== skiff serve, {args.concurrency} concurrent streams", flush=True)
-        multi = bench(url, tok, args.concurrent_requests, args.concurrency, args.input_len, args.output_len,
-                      args.seed + 1)
+        multi = bench(
+            url,
+            tok,
+            args.concurrent_requests,
+            args.concurrency,
+            args.input_len,
+            args.output_len,
+            args.seed + 1,
+        )
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
     hf = None if args.skip_hf else hf_single_stream(tok, args.input_len, args.output_len, args.seed)
     single_rate = 1000.0 / single["tpot_ms"]["mean"] if single["tpot_ms"]["mean"] else 0.0
-    report = {"input_len": args.input_len, "output_len": args.output_len, "skiff_single": single,
-              "skiff_single_decode_tok_s": single_rate, "skiff_concurrent": multi,
-              "skiff_concurrent_output_tok_s": multi["output_throughput"], "hf_single": hf}
+    report = {
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "skiff_single": single,
+        "skiff_single_decode_tok_s": single_rate,
+        "skiff_concurrent": multi,
+        "skiff_concurrent_output_tok_s": multi["output_throughput"],
+        "hf_single": hf,
+    }
     print("\n| measurement | value |\n|---|---|")
     print(f"| skiff serve, 1 stream, decode (1/TPOT) | {single_rate:.1f} tok/s |")
     print(f"| skiff serve, 1 stream, TTFT p50 | {single['ttft_ms']['p50']:.0f} ms |")
-    print(f"| skiff serve, {args.concurrency} streams, aggregate output | {multi['output_throughput']:.1f} tok/s |")
-    print(f"| skiff serve, {args.concurrency} streams, TPOT p50 / p99 | {multi['tpot_ms']['p50']:.0f} / "
-          f"{multi['tpot_ms']['p99']:.0f} ms |")
+    print(
+        f"| skiff serve, {args.concurrency} streams, aggregate output | {multi['output_throughput']:.1f} tok/s |"
+    )
+    print(
+        f"| skiff serve, {args.concurrency} streams, TPOT p50 / p99 | {multi['tpot_ms']['p50']:.0f} / "
+        f"{multi['tpot_ms']['p99']:.0f} ms |"
+    )
     if hf:
         print(f"| HF transformers fp32 generate, 1 stream, decode | {hf['decode_tok_s']:.1f} tok/s |")
     if args.json:

@@ -38,10 +38,17 @@ def _inputs(tokens: int, pad: int, seed: int, device: str = "cuda") -> dict[str,
     qkv = rnd(tokens, (HQ + 2 * HK) * HD)
     inv_freq = 1.0 / (1e6 ** (torch.arange(0, HD, 2, device=device).float() / HD))
     table = torch.outer(torch.arange(4096, device=device).float(), inv_freq)
-    return {"x": rnd(tokens, HIDDEN), "res": rnd(tokens, HIDDEN), "w": rnd(1, HIDDEN)[0], "wh": rnd(1, HD)[0],
-            "q": qkv[:, :HQ * HD], "k": qkv[:, HQ * HD:(HQ + HK) * HD], "gate_up": rnd(tokens, 2 * INTER),
-            "pos": torch.randint(0, 4096, (tokens,), device=device, generator=gen),
-            "cos_sin": torch.cat([table.cos(), table.sin()], -1)}
+    return {
+        "x": rnd(tokens, HIDDEN),
+        "res": rnd(tokens, HIDDEN),
+        "w": rnd(1, HIDDEN)[0],
+        "wh": rnd(1, HD)[0],
+        "q": qkv[:, : HQ * HD],
+        "k": qkv[:, HQ * HD : (HQ + HK) * HD],
+        "gate_up": rnd(tokens, 2 * INTER),
+        "pos": torch.randint(0, 4096, (tokens,), device=device, generator=gen),
+        "cos_sin": torch.cat([table.cos(), table.sin()], -1),
+    }
 
 
 def _calls(ops: Any, t: dict[str, torch.Tensor]) -> dict[str, Callable[[], Any]]:
@@ -56,9 +63,13 @@ def _calls(ops: Any, t: dict[str, torch.Tensor]) -> dict[str, Callable[[], Any]]
         ops.rope_(t["pos"], t["q"], t["k"], HD, t["cos_sin"])
         return t["q"], t["k"]
 
-    return {"rms_norm": lambda: ops.rms_norm(t["x"], t["w"], EPS),
-            "rms_norm_heads": lambda: ops.rms_norm(t["q"].view(tokens, HQ, HD), t["wh"], EPS),
-            "add_rms_norm": add_rms_norm, "rope": rope, "silu_and_mul": lambda: ops.silu_and_mul(t["gate_up"])}
+    return {
+        "rms_norm": lambda: ops.rms_norm(t["x"], t["w"], EPS),
+        "rms_norm_heads": lambda: ops.rms_norm(t["q"].view(tokens, HQ, HD), t["wh"], EPS),
+        "add_rms_norm": add_rms_norm,
+        "rope": rope,
+        "silu_and_mul": lambda: ops.silu_and_mul(t["gate_up"]),
+    }
 
 
 class _NoCache(dict):
@@ -131,7 +142,9 @@ def main() -> None:
         res["triton run"] = {k: per_call_us(f) for k, f in calls.items()}
     if args.flashinfer:
         fi = fused.GPU_PROVIDERS["flashinfer"]()
-        res["flashinfer"] = {k: per_call_us(f) for k, f in _calls(fi, _inputs(args.tokens, 0, seed=0)).items()}
+        res["flashinfer"] = {
+            k: per_call_us(f) for k, f in _calls(fi, _inputs(args.tokens, 0, seed=0)).items()
+        }
     empty = _inputs(args.tokens, 0, seed=0)["x"]
     res["torch.empty"] = per_call_us(lambda: torch.empty(empty.shape, dtype=empty.dtype, device=empty.device))
     print(json.dumps(res))

@@ -14,7 +14,12 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Model", "type": "string", "jsonPath": ".status.servedModel"},
     {"name": "TP", "type": "integer", "jsonPath": ".spec.runtime.tensorParallel"},
     {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
-    {"name": "Reason", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason', "priority": 1},
+    {
+        "name": "Reason",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+        "priority": 1,
+    },
     {"name": "Replicas", "type": "integer", "jsonPath": ".status.replicas"},
     {"name": "Available", "type": "integer", "jsonPath": ".status.readyReplicas"},
     {"name": "URL", "type": "string", "jsonPath": ".status.url"},

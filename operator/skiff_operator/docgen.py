@@ -61,7 +61,12 @@ def field_reference() -> str:
         rows: list[str] = []
         rules: list[tuple[str, str]] = []
         _rows(schema[part], "", rows, rules)
-        lines += [f"## {part}", "", "| field | type | default | constraints | description |", "|---|---|---|---|---|"]
+        lines += [
+            f"## {part}",
+            "",
+            "| field | type | default | constraints | description |",
+            "|---|---|---|---|---|",
+        ]
         lines += rows
         if rules:
             lines += ["", f"Cross-field rules checked at admission (CEL) on `{part}`:", ""]

@@ -145,8 +145,9 @@ def _owner(labels: Mapping[str, str]) -> str | None:
 @kopf.on.event("apps", "v1", "deployments", labels={LABEL_ISVC: kopf.PRESENT})
 @kopf.on.event("v1", "services", labels={LABEL_ISVC: kopf.PRESENT})
 @kopf.on.event("v1", "pods", labels={LABEL_ISVC: kopf.PRESENT})
-def on_child(event: Mapping[str, Any], body: Mapping[str, Any], namespace: str, labels: Mapping[str, str],
-             **_: Any) -> None:
+def on_child(
+    event: Mapping[str, Any], body: Mapping[str, Any], namespace: str, labels: Mapping[str, str], **_: Any
+) -> None:
     owner = _owner(labels)
     if owner is None:
         return

@@ -66,8 +66,12 @@ class Cluster:
             raise LookupError(f"the cluster does not serve {obj['kind']} ({obj['apiVersion']})")
         meta = obj["metadata"]
         out = self.dynamic.server_side_apply(
-            res, body=obj, name=meta["name"], namespace=meta.get("namespace"),
-            field_manager=FIELD_MANAGER, force_conflicts=True,
+            res,
+            body=obj,
+            name=meta["name"],
+            namespace=meta.get("namespace"),
+            field_manager=FIELD_MANAGER,
+            force_conflicts=True,
         )
         return out.to_dict()
 

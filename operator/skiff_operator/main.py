@@ -15,17 +15,32 @@ from .render import OperatorSettings
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="skiff-operator", description=__doc__)
-    parser.add_argument("-n", "--namespace", action="append", default=[],
-                        help="namespace to watch (repeatable; glob patterns allowed); default: all namespaces")
+    parser.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        default=[],
+        help="namespace to watch (repeatable; glob patterns allowed); default: all namespaces",
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    parser.add_argument("--health-port", type=int, default=8080,
-                        help="liveness endpoint http://0.0.0.0:PORT/healthz (0 disables)")
-    parser.add_argument("--peering", default="skiff-operator",
-                        help="kopf peering object name shared by operator replicas (needs the kopf.dev CRDs)")
+    parser.add_argument(
+        "--health-port",
+        type=int,
+        default=8080,
+        help="liveness endpoint http://0.0.0.0:PORT/healthz (0 disables)",
+    )
+    parser.add_argument(
+        "--peering",
+        default="skiff-operator",
+        help="kopf peering object name shared by operator replicas (needs the kopf.dev CRDs)",
+    )
     parser.add_argument("--standalone", action="store_true", help="run without peering (a single replica)")
     parser.add_argument("--priority", type=int, default=0, help="peering priority; the highest one runs")
-    parser.add_argument("--default-image", default=OperatorSettings.default_image,
-                        help="runtime image for InferenceServices that set no runtime.image")
+    parser.add_argument(
+        "--default-image",
+        default=OperatorSettings.default_image,
+        help="runtime image for InferenceServices that set no runtime.image",
+    )
     parser.add_argument("--cluster-domain", default=OperatorSettings.cluster_domain)
     return parser
 

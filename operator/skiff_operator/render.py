@@ -148,7 +148,9 @@ def _server_container(isvc: dict[str, Any], spec: InferenceServiceSpec, image: s
     env = copy.deepcopy(BASE_ENV)
     if spec.api_key_secret_ref:
         ref = spec.api_key_secret_ref
-        env.append({"name": "SKIFF_API_KEY", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+        env.append(
+            {"name": "SKIFF_API_KEY", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+        )
     env += [dict(e) for e in spec.runtime.env]
     startup_failures = max(1, spec.runtime.startup_timeout_seconds // 10)
     return {
@@ -192,14 +194,18 @@ def _init_containers(spec: InferenceServiceSpec, image: str, mv: ModelVolume) ->
     ]
 
 
-def pod_template(isvc: dict[str, Any], spec: InferenceServiceSpec, settings: OperatorSettings) -> dict[str, Any]:
+def pod_template(
+    isvc: dict[str, Any], spec: InferenceServiceSpec, settings: OperatorSettings
+) -> dict[str, Any]:
     name = isvc["metadata"]["name"]
     image = spec.runtime.image or settings.default_image
     mv = model_volume(name, spec)
     sched = spec.scheduling
     tolerations = [dict(t) for t in sched.tolerations]
     if gpu_count(spec) and not tolerations:
-        tolerations = [{"key": spec.resources.gpu_resource_name, "operator": "Exists", "effect": "NoSchedule"}]
+        tolerations = [
+            {"key": spec.resources.gpu_resource_name, "operator": "Exists", "effect": "NoSchedule"}
+        ]
     pod: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
@@ -236,7 +242,9 @@ def template_hash(template: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def deployment(isvc: dict[str, Any], spec: InferenceServiceSpec, settings: OperatorSettings) -> dict[str, Any]:
+def deployment(
+    isvc: dict[str, Any], spec: InferenceServiceSpec, settings: OperatorSettings
+) -> dict[str, Any]:
     name = isvc["metadata"]["name"]
     template = pod_template(isvc, spec, settings)
     digest = template_hash(template)
@@ -245,7 +253,10 @@ def deployment(isvc: dict[str, Any], spec: InferenceServiceSpec, settings: Opera
         "selector": {"matchLabels": selector_labels(name)},
         "strategy": {
             "type": "RollingUpdate",
-            "rollingUpdate": {"maxSurge": spec.rollout.max_surge, "maxUnavailable": spec.rollout.max_unavailable},
+            "rollingUpdate": {
+                "maxSurge": spec.rollout.max_surge,
+                "maxUnavailable": spec.rollout.max_unavailable,
+            },
         },
         "revisionHistoryLimit": 3,
         "progressDeadlineSeconds": spec.runtime.startup_timeout_seconds + 600,
@@ -286,13 +297,17 @@ def services(isvc: dict[str, Any], spec: InferenceServiceSpec) -> list[dict[str,
     return [main, headless]
 
 
-def disruption_budget(isvc: dict[str, Any], spec: InferenceServiceSpec, settings: OperatorSettings) -> dict | None:
+def disruption_budget(
+    isvc: dict[str, Any], spec: InferenceServiceSpec, settings: OperatorSettings
+) -> dict | None:
     d = spec.disruption
     if not d.enabled:
         return None
-    budget = {"minAvailable": d.min_available} if d.min_available is not None else {
-        "maxUnavailable": 1 if d.max_unavailable is None else d.max_unavailable
-    }
+    budget = (
+        {"minAvailable": d.min_available}
+        if d.min_available is not None
+        else {"maxUnavailable": 1 if d.max_unavailable is None else d.max_unavailable}
+    )
     name = isvc["metadata"]["name"]
     return {
         "apiVersion": settings.pdb_api_version,
@@ -306,7 +321,10 @@ def cache_claim(isvc: dict[str, Any], spec: InferenceServiceSpec) -> dict[str, A
     cache = spec.model_cache
     if cache is None or cache.size is None:
         return None
-    claim: dict[str, Any] = {"accessModes": [cache.access_mode], "resources": {"requests": {"storage": str(cache.size)}}}
+    claim: dict[str, Any] = {
+        "accessModes": [cache.access_mode],
+        "resources": {"requests": {"storage": str(cache.size)}},
+    }
     if cache.storage_class:
         claim["storageClassName"] = cache.storage_class
     return {

@@ -8,11 +8,30 @@ from pydantic import BaseModel
 
 # Keys a CRD schema may carry (JSONSchemaProps); anything else pydantic emits is dropped.
 ALLOWED = {
-    "type", "description", "default", "enum", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-    "minLength", "maxLength", "pattern", "minItems", "maxItems", "items", "properties", "required",
-    "additionalProperties", "nullable", "format",
-    "x-kubernetes-int-or-string", "x-kubernetes-preserve-unknown-fields", "x-kubernetes-validations",
-    "x-kubernetes-list-type", "x-kubernetes-list-map-keys",
+    "type",
+    "description",
+    "default",
+    "enum",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "minItems",
+    "maxItems",
+    "items",
+    "properties",
+    "required",
+    "additionalProperties",
+    "nullable",
+    "format",
+    "x-kubernetes-int-or-string",
+    "x-kubernetes-preserve-unknown-fields",
+    "x-kubernetes-validations",
+    "x-kubernetes-list-type",
+    "x-kubernetes-list-map-keys",
 }
 
 

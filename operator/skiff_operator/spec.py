@@ -67,7 +67,9 @@ class ModelSpec(Base):
         max_length=256,
         description="Model name clients put in requests (default: the InferenceService name).",
     )
-    tokenizer: str | None = Field(default=None, description="Tokenizer path inside the model, if not with it.")
+    tokenizer: str | None = Field(
+        default=None, description="Tokenizer path inside the model, if not with it."
+    )
     token_secret_ref: SecretKeyRef | None = Field(
         default=None, description="Secret holding the Hugging Face token (HF_TOKEN) for hf:// sources."
     )
@@ -75,8 +77,10 @@ class ModelSpec(Base):
 
     model_config = ConfigDict(
         json_schema_extra=rules(
-            ("!has(self.tokenSecretRef) || (has(self.source) && self.source.startsWith('hf://'))",
-             "model.tokenSecretRef is only used with hf:// sources"),
+            (
+                "!has(self.tokenSecretRef) || (has(self.source) && self.source.startsWith('hf://'))",
+                "model.tokenSecretRef is only used with hf:// sources",
+            ),
         )
     )
 
@@ -84,25 +88,35 @@ class ModelSpec(Base):
 class RuntimeSpec(Base):
     """Options of `skiff serve` in each pod."""
 
-    image: str | None = Field(default=None, description="Runtime image (default: the operator's --default-image).")
+    image: str | None = Field(
+        default=None, description="Runtime image (default: the operator's --default-image)."
+    )
     tensor_parallel: Literal[1, 2, 4, 8] = Field(default=1, description="Tensor-parallel ranks in one pod.")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(default="auto", description="Weight dtype.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="Weight dtype."
+    )
     max_running_requests: int | None = Field(default=None, ge=1, description="Cap on the running batch.")
     chunked_prefill_size: int | None = Field(default=None, ge=1, description="Prefill chunk size in tokens.")
     page_size: int | None = Field(default=None, ge=1, le=1024, description="KV-cache page size in tokens.")
     mem_fraction: float | None = Field(
         default=None, gt=0, le=1, description="Fraction of accelerator memory for weights and KV cache."
     )
-    attention_backend: Literal["auto", "torch", "flashinfer"] = Field(default="auto", description="Attention kernels.")
-    cuda_graph_max_batch: int | None = Field(default=None, ge=0, description="Largest batch captured in a CUDA graph.")
+    attention_backend: Literal["auto", "torch", "flashinfer"] = Field(
+        default="auto", description="Attention kernels."
+    )
+    cuda_graph_max_batch: int | None = Field(
+        default=None, ge=0, description="Largest batch captured in a CUDA graph."
+    )
     extra_args: list[Annotated[str, Field(max_length=1024)]] = Field(
         default_factory=list,
         max_length=64,
         description="More `skiff serve` arguments; flags the operator sets itself are rejected.",
         json_schema_extra=rules(
-            (f"self.all(a, !a.matches('^--({OWNED_FLAGS})(=|$)'))",
-             "runtime.extraArgs must not set flags the operator owns (--model, --served-model-name, --tp, "
-             "--host, --port, --api-key, --dtype); use the matching spec fields"),
+            (
+                f"self.all(a, !a.matches('^--({OWNED_FLAGS})(=|$)'))",
+                "runtime.extraArgs must not set flags the operator owns (--model, --served-model-name, --tp, "
+                "--host, --port, --api-key, --dtype); use the matching spec fields",
+            ),
         ),
     )
     env: list[OpaqueObject] = Field(default_factory=list, description="Extra container env entries (EnvVar).")
@@ -115,7 +129,9 @@ class ResourcesSpec(Base):
     """Pod resources. GPUs default to runtime.tensorParallel; 0 runs on CPU."""
 
     gpus: int | None = Field(default=None, ge=0, le=16, description="Accelerators per pod.")
-    gpu_resource_name: str = Field(default="nvidia.com/gpu", description="Extended resource name of the accelerator.")
+    gpu_resource_name: str = Field(
+        default="nvidia.com/gpu", description="Extended resource name of the accelerator."
+    )
     cpu: Quantity | None = Field(default=None, description="CPU request.")
     memory: Quantity | None = Field(default=None, description="Memory request and limit.")
     shm_size: Quantity = Field(default="8Gi", description="Size limit of the memory-backed /dev/shm (NCCL).")
@@ -127,10 +143,14 @@ class AutoscalingSpec(Base):
     mode: Literal["operator", "hpa", "keda"] = Field(default="operator", description="Who scales.")
     min_replicas: int = Field(default=1, ge=0, description="Lower bound (0 allows scale to zero).")
     max_replicas: int = Field(default=4, ge=1, description="Upper bound.")
-    metric: Literal["queue", "running", "kvUsage", "concurrency"] = Field(default="queue", description="Load signal.")
+    metric: Literal["queue", "running", "kvUsage", "concurrency"] = Field(
+        default="queue", description="Load signal."
+    )
     target_per_replica: float = Field(default=4, gt=0, description="Target value of the metric per replica.")
     scale_up_stabilization_seconds: int = Field(default=0, ge=0, description="Scale-up stabilization window.")
-    scale_down_stabilization_seconds: int = Field(default=300, ge=0, description="Scale-down stabilization window.")
+    scale_down_stabilization_seconds: int = Field(
+        default=300, ge=0, description="Scale-down stabilization window."
+    )
     max_scale_up_step: int = Field(default=4, ge=1, description="Most replicas added per decision.")
     max_scale_down_step: int = Field(default=1, ge=1, description="Most replicas removed per decision.")
     idle_to_zero_seconds: int = Field(default=600, ge=0, description="Idle time before scaling to zero.")
@@ -139,9 +159,14 @@ class AutoscalingSpec(Base):
     model_config = ConfigDict(
         json_schema_extra=rules(
             ("self.minReplicas <= self.maxReplicas", "autoscaling.minReplicas must not exceed maxReplicas"),
-            ("self.mode != 'keda' || has(self.prometheusAddress)", "autoscaling.mode keda needs prometheusAddress"),
-            ("self.mode != 'hpa' || self.minReplicas >= 1",
-             "autoscaling.mode hpa cannot scale to zero: set minReplicas >= 1 or use mode operator/keda"),
+            (
+                "self.mode != 'keda' || has(self.prometheusAddress)",
+                "autoscaling.mode keda needs prometheusAddress",
+            ),
+            (
+                "self.mode != 'hpa' || self.minReplicas >= 1",
+                "autoscaling.mode hpa cannot scale to zero: set minReplicas >= 1 or use mode operator/keda",
+            ),
         )
     )
 
@@ -149,7 +174,9 @@ class AutoscalingSpec(Base):
 class RoutingSpec(Base):
     """How the in-cluster endpoint spreads requests over this service's replicas."""
 
-    strategy: Literal["prefixHash", "leastRequests", "roundRobin"] = Field(default="prefixHash", description="Policy.")
+    strategy: Literal["prefixHash", "leastRequests", "roundRobin"] = Field(
+        default="prefixHash", description="Policy."
+    )
     prefix_chars: int = Field(default=256, ge=1, description="Prompt characters hashed by prefixHash.")
 
 
@@ -160,7 +187,9 @@ class SchedulingSpec(Base):
     tolerations: list[OpaqueObject] = Field(default_factory=list, description="Pod tolerations.")
     affinity: OpaqueObject | None = Field(default=None, description="Pod affinity (Kubernetes Affinity).")
     priority_class_name: str | None = Field(default=None, description="PriorityClass of the pods.")
-    runtime_class_name: str | None = Field(default=None, description="RuntimeClass of the pods (e.g. nvidia).")
+    runtime_class_name: str | None = Field(
+        default=None, description="RuntimeClass of the pods (e.g. nvidia)."
+    )
 
 
 class RolloutSpec(Base):
@@ -180,13 +209,17 @@ class DisruptionSpec(Base):
     """The PodDisruptionBudget."""
 
     enabled: bool = Field(default=True, description="Create a PodDisruptionBudget.")
-    max_unavailable: IntOrString | None = Field(default=None, description="Default 1 unless minAvailable is set.")
+    max_unavailable: IntOrString | None = Field(
+        default=None, description="Default 1 unless minAvailable is set."
+    )
     min_available: IntOrString | None = Field(default=None, description="Alternative to maxUnavailable.")
 
     model_config = ConfigDict(
         json_schema_extra=rules(
-            ("!(has(self.maxUnavailable) && has(self.minAvailable))",
-             "disruption: set maxUnavailable or minAvailable, not both"),
+            (
+                "!(has(self.maxUnavailable) && has(self.minAvailable))",
+                "disruption: set maxUnavailable or minAvailable, not both",
+            ),
         )
     )
 
@@ -194,7 +227,9 @@ class DisruptionSpec(Base):
 class ServiceSpec(Base):
     """The ClusterIP (or other type) Service in front of the pods."""
 
-    type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(default="ClusterIP", description="Service type.")
+    type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(
+        default="ClusterIP", description="Service type."
+    )
     port: int = Field(default=80, ge=1, le=65535, description="Service port (targets the pods' port 8000).")
     annotations: dict[str, str] = Field(default_factory=dict, description="Annotations of the Service.")
 
@@ -207,13 +242,16 @@ class ModelCacheSpec(Base):
     storage_class: str | None = Field(default=None, description="StorageClass of a new claim.")
     size: Quantity | None = Field(default=None, description="Size of a new claim.")
     access_mode: Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"] = Field(
-        default="ReadWriteOnce", description="Access mode of a new claim (ReadWriteMany for replicas on many nodes)."
+        default="ReadWriteOnce",
+        description="Access mode of a new claim (ReadWriteMany for replicas on many nodes).",
     )
 
     model_config = ConfigDict(
         json_schema_extra=rules(
-            ("has(self.pvc) != has(self.size)",
-             "modelCache: set pvc (an existing claim) or size (a new claim), exactly one"),
+            (
+                "has(self.pvc) != has(self.size)",
+                "modelCache: set pvc (an existing claim) or size (a new claim), exactly one",
+            ),
             ("!has(self.storageClass) || has(self.size)", "modelCache.storageClass needs size"),
         )
     )
@@ -225,7 +263,9 @@ class InferenceServiceSpec(Base):
     model: ModelSpec = nested(ModelSpec, "The model to serve.")
     runtime: RuntimeSpec = nested(RuntimeSpec, "Runtime options.")
     resources: ResourcesSpec = nested(ResourcesSpec, "Pod resources.")
-    replicas: int = Field(default=1, ge=0, description="Pods, when no autoscaler owns them (scale subresource).")
+    replicas: int = Field(
+        default=1, ge=0, description="Pods, when no autoscaler owns them (scale subresource)."
+    )
     autoscaling: AutoscalingSpec | None = Field(default=None, description="Autoscaling policy.")
     routing: RoutingSpec = nested(RoutingSpec, "In-cluster routing policy.")
     scheduling: SchedulingSpec = nested(SchedulingSpec, "Pod placement.")
@@ -235,17 +275,23 @@ class InferenceServiceSpec(Base):
     api_key_secret_ref: SecretKeyRef | None = Field(
         default=None, description="Secret key holding the API key the pods require (SKIFF_API_KEY)."
     )
-    model_cache: ModelCacheSpec | None = Field(default=None, description="Cache volume for downloaded models.")
+    model_cache: ModelCacheSpec | None = Field(
+        default=None, description="Cache volume for downloaded models."
+    )
 
     model_config = ConfigDict(
         json_schema_extra=rules(
-            ("!has(self.resources) || !has(self.resources.gpus) || self.resources.gpus == 0 || "
-             "self.resources.gpus >= (has(self.runtime) && has(self.runtime.tensorParallel) ? "
-             "self.runtime.tensorParallel : 1)",
-             "resources.gpus must be 0 (CPU) or at least runtime.tensorParallel"),
-            ("!has(self.modelCache) || (has(self.model) && has(self.model.source) && "
-             "self.model.source.startsWith('hf://'))",
-             "modelCache is only used with hf:// model sources"),
+            (
+                "!has(self.resources) || !has(self.resources.gpus) || self.resources.gpus == 0 || "
+                "self.resources.gpus >= (has(self.runtime) && has(self.runtime.tensorParallel) ? "
+                "self.runtime.tensorParallel : 1)",
+                "resources.gpus must be 0 (CPU) or at least runtime.tensorParallel",
+            ),
+            (
+                "!has(self.modelCache) || (has(self.model) && has(self.model.source) && "
+                "self.model.source.startsWith('hf://'))",
+                "modelCache is only used with hf:// model sources",
+            ),
         )
     )
 
@@ -289,7 +335,9 @@ class InferenceServiceStatus(Base):
     selector: str | None = Field(default=None, description="Label selector of the pods (scale subresource).")
     url: str | None = Field(default=None, description="In-cluster OpenAI base URL.")
     served_model: str | None = Field(default=None, description="Model name clients request.")
-    phase: str | None = Field(default=None, description="Pending, Loading, Ready, Updating, Degraded or Idle.")
+    phase: str | None = Field(
+        default=None, description="Pending, Loading, Ready, Updating, Degraded or Idle."
+    )
     autoscaling: AutoscalingStatus | None = Field(default=None, description="The autoscaler's last decision.")
 
 

@@ -81,7 +81,12 @@ def _crash(pods: list[dict[str, Any]]) -> str | None:
     for pod in pods:
         for cs in pod.get("status", {}).get("containerStatuses") or []:
             waiting = (cs.get("state") or {}).get("waiting") or {}
-            if waiting.get("reason") in ("CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull", "CreateContainerConfigError"):
+            if waiting.get("reason") in (
+                "CrashLoopBackOff",
+                "ImagePullBackOff",
+                "ErrImagePull",
+                "CreateContainerConfigError",
+            ):
                 term = cs.get("lastState", {}).get("terminated")
                 detail = _failure_text(term) if term else waiting.get("message", "")
                 return f"{pod['metadata']['name']}: {waiting['reason']} {detail}".strip()
@@ -120,8 +125,11 @@ def compute_status(
     else:
         workload = ("False", "ReplicasNotReady", f"{ready_current}/{want} current pods ready")
     rolling = not synced or updated < want or total > want or ready_current < want
-    progressing = ("True", "RollingOut", f"{updated} updated, {total} total, {want} wanted") if rolling and want else (
-        "False", "RolloutComplete", "no change in progress")
+    progressing = (
+        ("True", "RollingOut", f"{updated} updated, {total} total, {want} wanted")
+        if rolling and want
+        else ("False", "RolloutComplete", "no change in progress")
+    )
 
     dep_conds = {c.get("type"): c for c in dep_status.get("conditions") or []}
     deadline = dep_conds.get("Progressing", {}).get("reason") == "ProgressDeadlineExceeded"
@@ -142,19 +150,29 @@ def compute_status(
         blocker = degraded if degraded[0] == "True" else workload
         ready = ("False", blocker[1], blocker[2])
 
-    values = {"Ready": ready, "ModelReady": model, "WorkloadReady": workload, "Progressing": progressing,
-              "Degraded": degraded}
+    values = {
+        "Ready": ready,
+        "ModelReady": model,
+        "WorkloadReady": workload,
+        "Progressing": progressing,
+        "Degraded": degraded,
+    }
     previous = {c["type"]: c for c in (isvc.get("status") or {}).get("conditions") or []}
     conditions, events = [], []
     for ctype in CONDITION_TYPES:
         status, reason, message = values[ctype]
         old = previous.get(ctype)
         changed = old is None or old.get("status") != status
-        conditions.append({
-            "type": ctype, "status": status, "reason": reason, "message": message or reason,
-            "lastTransitionTime": now if changed else old.get("lastTransitionTime", now),
-            "observedGeneration": generation,
-        })
+        conditions.append(
+            {
+                "type": ctype,
+                "status": status,
+                "reason": reason,
+                "message": message or reason,
+                "lastTransitionTime": now if changed else old.get("lastTransitionTime", now),
+                "observedGeneration": generation,
+            }
+        )
         if ctype == "Degraded" and status == "False" and (old is None or old.get("status") != "True"):
             continue  # born healthy: no "Recovered" event
         if changed or (ctype == "Degraded" and status == "True" and old and old.get("reason") != reason):
@@ -175,7 +193,9 @@ def compute_status(
         "conditions": conditions,
         "replicas": total,
         # counted from the pods, like Ready itself: the Deployment's own count can lag them
-        "readyReplicas": max(int(dep_status.get("readyReplicas") or 0), sum(1 for p in live if _pod_ready(p))),
+        "readyReplicas": max(
+            int(dep_status.get("readyReplicas") or 0), sum(1 for p in live if _pod_ready(p))
+        ),
         "updatedReplicas": updated,
         "selector": selector_string(isvc["metadata"]["name"]),
         "url": service_url(isvc, settings, spec),
@@ -187,8 +207,13 @@ def compute_status(
 
 def _transition_event(ctype: str, status: str, reason: str, message: str) -> list[Event]:
     if ctype == "Ready":
-        return [Event("Normal" if status == "True" else "Warning" if reason != "RolloutPending" else "Normal",
-                      "Ready" if status == "True" else "NotReady", f"{reason}: {message}".rstrip(": "))]
+        return [
+            Event(
+                "Normal" if status == "True" else "Warning" if reason != "RolloutPending" else "Normal",
+                "Ready" if status == "True" else "NotReady",
+                f"{reason}: {message}".rstrip(": "),
+            )
+        ]
     if ctype == "Degraded" and status == "True":
         return [Event("Warning", reason, message)]
     if ctype == "Degraded":

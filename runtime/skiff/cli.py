@@ -39,7 +39,9 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             # A slim install (the operator image) lacks the model stack: the command stays listed and says so.
             missing[name] = str(e.name)
-            sub.add_parser(name, help=HELP[name] + " (needs skiff[runtime])", description=HELP[name], add_help=False)
+            sub.add_parser(
+                name, help=HELP[name] + " (needs skiff[runtime])", description=HELP[name], add_help=False
+            )
             continue
         modules[name] = mod
         mod.add_arguments(sub.add_parser(name, help=HELP[name], description=HELP[name]))
@@ -47,8 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown and args.command not in missing:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command in missing:
-        print(f"skiff {args.command}: this install lacks {missing[args.command]!r}; "
-              "install the runtime extra: pip install 'skiff[runtime]' (and torch)", file=sys.stderr)
+        print(
+            f"skiff {args.command}: this install lacks {missing[args.command]!r}; "
+            "install the runtime extra: pip install 'skiff[runtime]' (and torch)",
+            file=sys.stderr,
+        )
         return 2
     return int(modules[args.command].run(args) or 0)
 

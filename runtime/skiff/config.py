@@ -17,7 +17,9 @@ class EngineConfig:
     served_model_name: str | None = None
     dtype: DType = "auto"  # fp32 on CPU, bf16 on GPU
     quantization: str | None = None  # "int8": int8 weights and activations on CPU (skiff.layers.quant)
-    kv_cache_dtype: DType = "auto"  # the KV pool's dtype; "auto": the model's. Others: CPU only (SGLang's flag)
+    kv_cache_dtype: DType = (
+        "auto"  # the KV pool's dtype; "auto": the model's. Others: CPU only (SGLang's flag)
+    )
     device: str = "auto"  # "cpu", "cuda" or "auto"
     tp: int = 1
     page_size: int = 16
@@ -31,7 +33,9 @@ class EngineConfig:
     schedule_policy: Literal["fcfs", "priority"] = "fcfs"
     attention_backend: str = "auto"  # "torch", "flashinfer" or "auto"
     cuda_graph_max_bs: int = 256  # 0 disables CUDA graphs
-    disable_overlap: bool = field(default_factory=lambda: os.environ.get("SKIFF_DISABLE_OVERLAP_SCHEDULING") == "1")
+    disable_overlap: bool = field(
+        default_factory=lambda: os.environ.get("SKIFF_DISABLE_OVERLAP_SCHEDULING") == "1"
+    )
     num_threads: int | None = None  # CPU threads for torch; None: all cores
     seed: int = 0
     dist_port: int | None = None  # rendezvous port for tp > 1; None: pick a free one
@@ -50,6 +54,8 @@ class EngineConfig:
         if self.quantization not in (None, "int8"):
             raise ValueError(f"quantization must be None or 'int8', got {self.quantization!r}")
         if self.kv_cache_dtype not in DTYPE_NAMES:
-            raise ValueError(f"kv_cache_dtype must be one of {', '.join(DTYPE_NAMES)}, got {self.kv_cache_dtype!r}")
+            raise ValueError(
+                f"kv_cache_dtype must be one of {', '.join(DTYPE_NAMES)}, got {self.kv_cache_dtype!r}"
+            )
         if self.cuda_graph_max_bs < 0:
             raise ValueError(f"cuda_graph_max_bs must be >= 0, got {self.cuda_graph_max_bs}")

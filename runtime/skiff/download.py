@@ -34,8 +34,9 @@ class Source:
 def parse_source(uri: str) -> Source:
     scheme, sep, rest = uri.partition("://")
     if not sep or not rest:
-        raise DownloadError(f"{uri!r} is not a model source: use hf://org/name[@revision], pvc://claim/path "
-                            "or file:///path")
+        raise DownloadError(
+            f"{uri!r} is not a model source: use hf://org/name[@revision], pvc://claim/path or file:///path"
+        )
     if scheme == "hf":
         repo, _, revision = rest.partition("@")
         org, _, name = repo.partition("/")
@@ -70,7 +71,9 @@ def verify_model_path(path: Path) -> str:
         shards = set(json.loads(index.read_text()).get("weight_map", {}).values())
         missing = sorted(s for s in shards if not (path / s).is_file())
         if missing:
-            raise DownloadError(f"{path}: shards listed in {index.name} are missing: {', '.join(missing[:5])}")
+            raise DownloadError(
+                f"{path}: shards listed in {index.name} are missing: {', '.join(missing[:5])}"
+            )
     weights = [p for g in WEIGHT_GLOBS for p in path.glob(g)]
     if not weights:
         raise DownloadError(f"{path} has config.json but no weights (*.safetensors, *.gguf, *.bin)")
@@ -96,8 +99,9 @@ def verify_against_metadata(dest: Path, files: list[dict[str, Any]]) -> None:
         if not path.is_file():
             raise DownloadError(f"verification failed: {f['name']} is missing")
         if f.get("size") is not None and path.stat().st_size != f["size"]:
-            raise DownloadError(f"verification failed: {f['name']} has {path.stat().st_size} bytes, "
-                                f"the hub says {f['size']}")
+            raise DownloadError(
+                f"verification failed: {f['name']} has {path.stat().st_size} bytes, the hub says {f['size']}"
+            )
         if f.get("sha256") and _sha256(path) != f["sha256"]:
             raise DownloadError(f"verification failed: {f['name']} sha256 differs from the hub's")
 
@@ -125,17 +129,22 @@ def fetch_hf(src: Source, dest: Path, token: str | None, exclude: tuple[str, ...
         raise DownloadError(f"{uri}: cannot reach the model hub: {e}") from e
     files = [
         {"name": s.rfilename, "size": s.size, "sha256": s.lfs.sha256 if s.lfs else None}
-        for s in info.siblings or [] if _wanted(s.rfilename, exclude)
+        for s in info.siblings or []
+        if _wanted(s.rfilename, exclude)
     ]
     marker = dest / MARKER
     if marker.is_file() and json.loads(marker.read_text()).get("sha") == info.sha:
         verify_against_metadata(dest, files)  # cache hit: still check, a half-written cache must not serve
         return f"{uri} already at {dest} (commit {info.sha})"
-    print(f"skiff download: {uri} commit {info.sha}: {len(files)} files, "
-          f"{sum(f['size'] or 0 for f in files) / 2**30:.2f} GiB -> {dest}", flush=True)
+    print(
+        f"skiff download: {uri} commit {info.sha}: {len(files)} files, "
+        f"{sum(f['size'] or 0 for f in files) / 2**30:.2f} GiB -> {dest}",
+        flush=True,
+    )
     try:  # resumable: partial files in dest/.cache are continued on the next attempt
-        snapshot_download(src.location, revision=info.sha, local_dir=dest, token=token,
-                          ignore_patterns=list(exclude))
+        snapshot_download(
+            src.location, revision=info.sha, local_dir=dest, token=token, ignore_patterns=list(exclude)
+        )
     except (HfHubHTTPError, OSError) as e:
         raise DownloadError(f"{uri}: download failed (rerun resumes): {e}") from e
     verify_against_metadata(dest, files)
@@ -143,7 +152,9 @@ def fetch_hf(src: Source, dest: Path, token: str | None, exclude: tuple[str, ...
     return f"{uri} downloaded to {dest} and verified (commit {info.sha})"
 
 
-def fetch(uri: str, dest: str | None, token: str | None = None, exclude: tuple[str, ...] = DEFAULT_EXCLUDE) -> str:
+def fetch(
+    uri: str, dest: str | None, token: str | None = None, exclude: tuple[str, ...] = DEFAULT_EXCLUDE
+) -> str:
     """Make the model of `uri` available; returns a description, raises DownloadError."""
     src = parse_source(uri)
     if src.scheme == "file":

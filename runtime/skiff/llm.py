@@ -27,9 +27,14 @@ class LLM:
             return list(self.tokenizer.encode(prompt, add_special_tokens=True))
         return list(prompt)
 
-    def generate(self, prompts: str | list[int] | Sequence[str | list[int]],
-                 params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+    def generate(
+        self,
+        prompts: str | list[int] | Sequence[str | list[int]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        if isinstance(prompts, str) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+        ):
             prompts = [prompts]  # type: ignore[list-item]
         prompts = list(prompts)  # type: ignore[arg-type]
         if params is None:
@@ -46,8 +51,9 @@ class LLM:
                 ids = self.encode(prompt)
                 self.engine.add_request(rid, ids, p)
                 order.append(rid)
-                results[rid] = RequestOutput(rid, ids, logprobs=[] if p.logprobs else None,
-                                             top_logprobs=[] if p.top_logprobs else None)
+                results[rid] = RequestOutput(
+                    rid, ids, logprobs=[] if p.logprobs else None, top_logprobs=[] if p.top_logprobs else None
+                )
             pmap = dict(zip(order, plist, strict=True))
             while self.engine.has_work:
                 for out in self.engine.step():
@@ -71,7 +77,11 @@ class LLM:
             self.engine.step()
             raise
         for res in results.values():
-            res.text = texts[res.rid] if res.rid in texts else self.tokenizer.decode(res.token_ids, skip_special_tokens=True)
+            res.text = (
+                texts[res.rid]
+                if res.rid in texts
+                else self.tokenizer.decode(res.token_ids, skip_special_tokens=True)
+            )
         return [results[rid] for rid in order]
 
     def _hit_stop(self, res: RequestOutput, p: SamplingParams, texts: dict[str, str]) -> bool:

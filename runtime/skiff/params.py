@@ -37,16 +37,31 @@ class SamplingParams:
 
     def validate(self) -> None:
         checks: list[tuple[bool, str]] = [
-            (isinstance(self.max_tokens, int) and self.max_tokens >= 1, f"max_tokens must be >= 1, got {self.max_tokens}"),
+            (
+                isinstance(self.max_tokens, int) and self.max_tokens >= 1,
+                f"max_tokens must be >= 1, got {self.max_tokens}",
+            ),
             (0.0 <= self.temperature <= 100.0, f"temperature must be in [0, 100], got {self.temperature}"),
             (0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}"),
             (self.top_k == -1 or self.top_k >= 0, f"top_k must be -1 (disabled) or >= 0, got {self.top_k}"),
             (0.0 <= self.min_p <= 1.0, f"min_p must be in [0, 1], got {self.min_p}"),
-            (-2.0 <= self.presence_penalty <= 2.0, f"presence_penalty must be in [-2, 2], got {self.presence_penalty}"),
-            (-2.0 <= self.frequency_penalty <= 2.0, f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}"),
-            (0.0 < self.repetition_penalty <= 10.0, f"repetition_penalty must be in (0, 10], got {self.repetition_penalty}"),
+            (
+                -2.0 <= self.presence_penalty <= 2.0,
+                f"presence_penalty must be in [-2, 2], got {self.presence_penalty}",
+            ),
+            (
+                -2.0 <= self.frequency_penalty <= 2.0,
+                f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}",
+            ),
+            (
+                0.0 < self.repetition_penalty <= 10.0,
+                f"repetition_penalty must be in (0, 10], got {self.repetition_penalty}",
+            ),
             (0 <= self.top_logprobs <= 20, f"top_logprobs must be in [0, 20], got {self.top_logprobs}"),
-            (all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids must be non-negative ints"),
+            (
+                all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+                "stop_token_ids must be non-negative ints",
+            ),
             (all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings"),
             (self.seed is None or isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}"),
         ]

@@ -37,8 +37,9 @@ class PodMetrics:
 
         @app.get("/metrics")
         def metrics() -> PlainTextResponse:
-            return PlainTextResponse("# TYPE sglang:num_queue_reqs gauge\n"
-                                     f'sglang:num_queue_reqs{{model_name="m"}} {self.queue}\n')
+            return PlainTextResponse(
+                f'# TYPE sglang:num_queue_reqs gauge\nsglang:num_queue_reqs{{model_name="m"}} {self.queue}\n'
+            )
 
         self.server = ServerThread(app)
 
@@ -82,14 +83,33 @@ class World:
         while len(self.pods) < want:
             metrics = PodMetrics()
             pod_name = f"{self.name}-{len(self.pods)}"
-            self.core.create_namespaced_pod(NS, {
-                "metadata": {"name": pod_name, "labels": selector_labels(self.name)},
-                "spec": {"automountServiceAccountToken": False, "containers": [{
-                    "name": "server", "image": "skiff",
-                    "ports": [{"name": "http", "containerPort": metrics.server.port}]}]}})
-            self.core.patch_namespaced_pod_status(pod_name, NS, {"status": {
-                "phase": "Running", "podIP": "127.0.0.1",
-                "conditions": [{"type": "Ready", "status": "True"}]}})
+            self.core.create_namespaced_pod(
+                NS,
+                {
+                    "metadata": {"name": pod_name, "labels": selector_labels(self.name)},
+                    "spec": {
+                        "automountServiceAccountToken": False,
+                        "containers": [
+                            {
+                                "name": "server",
+                                "image": "skiff",
+                                "ports": [{"name": "http", "containerPort": metrics.server.port}],
+                            }
+                        ],
+                    },
+                },
+            )
+            self.core.patch_namespaced_pod_status(
+                pod_name,
+                NS,
+                {
+                    "status": {
+                        "phase": "Running",
+                        "podIP": "127.0.0.1",
+                        "conditions": [{"type": "Ready", "status": "True"}],
+                    }
+                },
+            )
             self.pods[pod_name] = metrics
         while len(self.pods) > want:
             pod_name, metrics = self.pods.popitem()
@@ -106,25 +126,53 @@ class World:
 
 def test_load_scales_up_and_idle_scales_to_zero(kube, tmp_path):
     name = "smol"
-    spec = {"model": {"source": "hf://org/smol", "servedName": "m"}, "replicas": 0,
-            "autoscaling": {"mode": "operator", "minReplicas": 0, "maxReplicas": 3, "metric": "queue",
-                            "targetPerReplica": 2, "scaleUpStabilizationSeconds": 0,
-                            "scaleDownStabilizationSeconds": 10, "maxScaleUpStep": 3, "maxScaleDownStep": 3,
-                            "idleToZeroSeconds": 20}}
+    spec = {
+        "model": {"source": "hf://org/smol", "servedName": "m"},
+        "replicas": 0,
+        "autoscaling": {
+            "mode": "operator",
+            "minReplicas": 0,
+            "maxReplicas": 3,
+            "metric": "queue",
+            "targetPerReplica": 2,
+            "scaleUpStabilizationSeconds": 0,
+            "scaleDownStabilizationSeconds": 10,
+            "maxScaleUpStep": 3,
+            "maxScaleDownStep": 3,
+            "idleToZeroSeconds": 20,
+        },
+    }
     custom = kubernetes.client.CustomObjectsApi(kube)
-    isvc = custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, {
-        "apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceService", "metadata": {"name": name}, "spec": spec})
+    isvc = custom.create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        NS,
+        PLURAL,
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "InferenceService",
+            "metadata": {"name": name},
+            "spec": spec,
+        },
+    )
     dep = deployment(isvc, parse_spec(isvc["spec"]), OperatorSettings())
     kubernetes.client.AppsV1Api(kube).create_namespaced_deployment(NS, dep)
     w = World(kube, name, tmp_path)
     try:
         assert w.step().decision.reason == "Idle" and w.replicas() == 0
         # a request arrives at the router for the model at zero: it is held, and the held count is load
-        held = threading.Thread(target=lambda: httpx.post(f"http://{w.router.address}/v1/completions",
-                                                          json={"model": "m", "prompt": "x"}, timeout=30))
+        held = threading.Thread(
+            target=lambda: httpx.post(
+                f"http://{w.router.address}/v1/completions", json={"model": "m", "prompt": "x"}, timeout=30
+            )
+        )
         held.start()
-        wait_for(lambda: "skiff_router_held{model=\"m\"} 1.0" in httpx.get(
-            f"http://{w.router.address}/metrics").text, what="request held")
+        wait_for(
+            lambda: (
+                'skiff_router_held{model="m"} 1.0' in httpx.get(f"http://{w.router.address}/metrics").text
+            ),
+            what="request held",
+        )
         out = w.step()
         assert (out.decision.reason, w.replicas()) == ("ScaleFromZero", 1)
         assert w.apps.read_namespaced_deployment(name, NS).spec.replicas == 1  # the Deployment follows
@@ -155,19 +203,45 @@ def test_load_scales_up_and_idle_scales_to_zero(kube, tmp_path):
 def test_a_user_hpa_is_never_fought(kube, tmp_path):
     name = "taken"
     custom = kubernetes.client.CustomObjectsApi(kube)
-    custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, {
-        "apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceService", "metadata": {"name": name},
-        "spec": {"model": {"source": "hf://org/smol"}, "replicas": 2,
-                 "autoscaling": {"mode": "operator", "minReplicas": 0, "maxReplicas": 3}}})
-    kubernetes.client.AutoscalingV1Api(kube).create_namespaced_horizontal_pod_autoscaler(NS, {
-        "metadata": {"name": "mine"},
-        "spec": {"scaleTargetRef": {"apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceService", "name": name},
-                 "minReplicas": 2, "maxReplicas": 5}})
+    custom.create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        NS,
+        PLURAL,
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "InferenceService",
+            "metadata": {"name": name},
+            "spec": {
+                "model": {"source": "hf://org/smol"},
+                "replicas": 2,
+                "autoscaling": {"mode": "operator", "minReplicas": 0, "maxReplicas": 3},
+            },
+        },
+    )
+    kubernetes.client.AutoscalingV1Api(kube).create_namespaced_horizontal_pod_autoscaler(
+        NS,
+        {
+            "metadata": {"name": "mine"},
+            "spec": {
+                "scaleTargetRef": {
+                    "apiVersion": f"{GROUP}/{VERSION}",
+                    "kind": "InferenceService",
+                    "name": name,
+                },
+                "minReplicas": 2,
+                "maxReplicas": 5,
+            },
+        },
+    )
     w = World(kube, name, tmp_path)
     try:
         for _ in range(4):  # no pods, no load, long past every window: still not ours to touch
             out = w.step(seconds=60)
-            assert out.decision.reason == "ExternalAutoscaler" and "HorizontalPodAutoscaler/mine" in out.decision.message
+            assert (
+                out.decision.reason == "ExternalAutoscaler"
+                and "HorizontalPodAutoscaler/mine" in out.decision.message
+            )
         assert w.replicas() == 2
     finally:
         w.close()

@@ -26,22 +26,54 @@ def run(policy: Policy, loads: list[float], start: int, every: float = 15.0, rea
     return trace
 
 
-P = Policy(min_replicas=1, max_replicas=8, target_per_replica=4, scale_up_window=0, scale_down_window=60,
-           max_up_step=2, max_down_step=1, idle_to_zero=120)
-Z = Policy(min_replicas=0, max_replicas=4, target_per_replica=4, scale_up_window=0, scale_down_window=30,
-           max_up_step=4, max_down_step=4, idle_to_zero=60)
+P = Policy(
+    min_replicas=1,
+    max_replicas=8,
+    target_per_replica=4,
+    scale_up_window=0,
+    scale_down_window=60,
+    max_up_step=2,
+    max_down_step=1,
+    idle_to_zero=120,
+)
+Z = Policy(
+    min_replicas=0,
+    max_replicas=4,
+    target_per_replica=4,
+    scale_up_window=0,
+    scale_down_window=30,
+    max_up_step=4,
+    max_down_step=4,
+    idle_to_zero=60,
+)
 
 CASES = [
     # name, policy, loads per 15s tick, start replicas, expected replicas after each tick
     ("ramp up is limited by the step", P, [4, 8, 16, 24, 32, 32], 1, [1, 2, 4, 6, 8, 8]),
     ("never above maxReplicas", P, [400, 400, 400, 400], 1, [3, 5, 7, 8]),
-    ("ramp down waits for the window, one step at a time", P, [16] + [0] * 9, 4, [4, 4, 4, 4, 4, 3, 2, 1, 1, 1]),
-    ("a short dip inside the down window is ignored", P, [16, 16, 16, 16, 16, 0, 0, 16, 16, 16], 4,
-     [4] * 10),
+    (
+        "ramp down waits for the window, one step at a time",
+        P,
+        [16] + [0] * 9,
+        4,
+        [4, 4, 4, 4, 4, 3, 2, 1, 1, 1],
+    ),
+    ("a short dip inside the down window is ignored", P, [16, 16, 16, 16, 16, 0, 0, 16, 16, 16], 4, [4] * 10),
     ("flapping load does not flap replicas", P, [16, 4, 16, 4, 16, 4, 16, 4, 16, 4], 4, [4] * 10),
-    ("never below minReplicas (down once the 60s window is covered)", P, [0] * 8, 2, [2, 2, 2, 2, 1, 1, 1, 1]),
-    ("scale from zero on a held request, then idle back to zero", Z,
-     [0, 0, 1, 1, 0, 0, 0, 0, 0, 0], 0, [0, 0, 1, 1, 1, 1, 1, 1, 0, 0]),
+    (
+        "never below minReplicas (down once the 60s window is covered)",
+        P,
+        [0] * 8,
+        2,
+        [2, 2, 2, 2, 1, 1, 1, 1],
+    ),
+    (
+        "scale from zero on a held request, then idle back to zero",
+        Z,
+        [0, 0, 1, 1, 0, 0, 0, 0, 0, 0],
+        0,
+        [0, 0, 1, 1, 1, 1, 1, 1, 0, 0],
+    ),
     ("from zero, a big burst goes straight to the bound", Z, [100, 100], 0, [4, 4]),
     ("one request every so often keeps one replica", Z, [1, 0, 0, 1, 0, 0, 1, 0, 0, 1], 0, [1] * 10),
 ]
@@ -53,16 +85,31 @@ def test_decision_table(name, policy, loads, start, expected):
 
 
 def test_scale_up_window_ignores_a_short_burst_and_follows_a_sustained_one():
-    p = Policy(min_replicas=1, max_replicas=8, target_per_replica=4, scale_up_window=30, scale_down_window=60,
-               max_up_step=8, max_down_step=1, idle_to_zero=0)
+    p = Policy(
+        min_replicas=1,
+        max_replicas=8,
+        target_per_replica=4,
+        scale_up_window=30,
+        scale_down_window=60,
+        max_up_step=8,
+        max_down_step=1,
+        idle_to_zero=0,
+    )
     assert run(p, [4, 32, 4, 4, 4], 1) == [1, 1, 1, 1, 1]  # one 15s spike inside a 30s window
     assert run(p, [4, 32, 32, 32, 32], 1) == [1, 1, 1, 8, 8]  # 30s of sustained load
 
 
 def test_scale_down_waits_while_new_replicas_are_not_ready():
     # load drops while two added replicas are still starting: no scale-down until they are ready
-    p = Policy(min_replicas=1, max_replicas=8, target_per_replica=4, scale_down_window=0, max_up_step=4,
-               max_down_step=4, idle_to_zero=0)
+    p = Policy(
+        min_replicas=1,
+        max_replicas=8,
+        target_per_replica=4,
+        scale_down_window=0,
+        max_up_step=4,
+        max_down_step=4,
+        idle_to_zero=0,
+    )
     assert run(p, [12, 0, 0, 0, 0], 1, ready_lag=3) == [3, 3, 3, 1, 1]
 
 
@@ -93,17 +140,33 @@ def test_kv_usage_fractions_and_recommendation():
     assert recommend(P, 8.0) == 2 and recommend(P, 8.01) == 3
 
 
-@pytest.mark.parametrize("bad", [{"minReplicas": 3, "maxReplicas": 2}, {"targetPerReplica": 0},
-                                 {"maxScaleUpStep": 0}, {"maxReplicas": 0, "minReplicas": 0}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"minReplicas": 3, "maxReplicas": 2},
+        {"targetPerReplica": 0},
+        {"maxScaleUpStep": 0},
+        {"maxReplicas": 0, "minReplicas": 0},
+    ],
+)
 def test_invalid_policies_are_rejected(bad):
     with pytest.raises(ValueError):
         Policy.from_spec(bad)
 
 
 def test_from_spec_reads_the_crd_fields():
-    p = Policy.from_spec({"minReplicas": 0, "maxReplicas": 3, "targetPerReplica": 2, "scaleUpStabilizationSeconds": 5,
-                          "scaleDownStabilizationSeconds": 50, "maxScaleUpStep": 2, "maxScaleDownStep": 3,
-                          "idleToZeroSeconds": 90})
+    p = Policy.from_spec(
+        {
+            "minReplicas": 0,
+            "maxReplicas": 3,
+            "targetPerReplica": 2,
+            "scaleUpStabilizationSeconds": 5,
+            "scaleDownStabilizationSeconds": 50,
+            "maxScaleUpStep": 2,
+            "maxScaleDownStep": 3,
+            "idleToZeroSeconds": 90,
+        }
+    )
     assert p == Policy(0, 3, 2.0, 5.0, 50.0, 2, 3, 90.0) and p.horizon == 90.0
 
 

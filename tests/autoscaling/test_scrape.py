@@ -23,9 +23,11 @@ skiff_router_inflight{model="m"} 5.0
 
 
 def pod(ip: str | None, ready: bool = True, port: int = 8000, deleting: bool = False) -> dict:
-    return {"metadata": {"name": f"p-{ip}", **({"deletionTimestamp": "now"} if deleting else {})},
-            "spec": {"containers": [{"name": "server", "ports": [{"name": "http", "containerPort": port}]}]},
-            "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+    return {
+        "metadata": {"name": f"p-{ip}", **({"deletionTimestamp": "now"} if deleting else {})},
+        "spec": {"containers": [{"name": "server", "ports": [{"name": "http", "containerPort": port}]}]},
+        "status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
 
 
 def test_metric_sum_skips_other_tp_ranks_and_filters_labels():
@@ -52,8 +54,13 @@ def test_read_load_over_http_with_an_unreachable_pod():
 
     async def go(metric: str):
         async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-            return await read_load(client, metric, [pod("10.0.0.1"), pod("10.0.0.2"), pod("10.0.0.3", ready=False)],
-                                   "m", ["http://router/metrics"])
+            return await read_load(
+                client,
+                metric,
+                [pod("10.0.0.1"), pod("10.0.0.2"), pod("10.0.0.3", ready=False)],
+                "m",
+                ["http://router/metrics"],
+            )
 
     queue = asyncio.run(go("queue"))
     assert (queue.load, queue.ready, queue.held) == (5.0, 1, 2.0)  # 3 queued + 2 held; one pod did not answer

@@ -113,8 +113,16 @@ def validate(crd: dict[str, Any], obj: dict[str, Any]) -> list[Problem]:
     if crd["spec"]["scope"] == "Cluster" and meta.get("namespace"):
         problems.append(Problem("metadata.namespace", "cluster-scoped kind has no namespace"))
     body = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}
-    js = to_json_schema({**schema, "properties": {k: v for k, v in (schema.get("properties") or {}).items()
-                                                  if k not in ("apiVersion", "kind", "metadata")}})
+    js = to_json_schema(
+        {
+            **schema,
+            "properties": {
+                k: v
+                for k, v in (schema.get("properties") or {}).items()
+                if k not in ("apiVersion", "kind", "metadata")
+            },
+        }
+    )
     for err in jsonschema.Draft202012Validator(js).iter_errors(body):
         problems.append(Problem(".".join(str(p) for p in err.absolute_path), err.message))
     if not problems:  # CEL runs on objects that passed the schema, as in the API server

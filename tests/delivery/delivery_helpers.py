@@ -17,7 +17,9 @@ VALUES_FILES = sorted((CHART / "ci").glob("*-values.yaml"))
 
 
 def _load_renderer():
-    spec = importlib.util.spec_from_file_location("render_manifests", ROOT / "scripts" / "render_manifests.py")
+    spec = importlib.util.spec_from_file_location(
+        "render_manifests", ROOT / "scripts" / "render_manifests.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -34,7 +34,10 @@ def test_defaults_render_operator_router_rbac(rendered):
     pod = op["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     assert pod["securityContext"]["runAsNonRoot"] is True
-    assert c["securityContext"]["capabilities"]["drop"] == ["ALL"] and not c["securityContext"]["allowPrivilegeEscalation"]
+    assert (
+        c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+        and not c["securityContext"]["allowPrivilegeEscalation"]
+    )
     assert c["livenessProbe"]["httpGet"]["port"] == "health" and c["readinessProbe"]
     assert "--peering=skiff-operator" in c["args"] and not any(a.startswith("--namespace") for a in c["args"])
     assert "--default-image=ghcr.io/skiff-project/skiff:0.1.0" in c["args"]
@@ -43,12 +46,23 @@ def test_defaults_render_operator_router_rbac(rendered):
     assert c["image"] == "ghcr.io/skiff-project/skiff-operator:0.1.0"  # appVersion, never latest
     (role,) = find(objs, "ClusterRole", "skiff-operator")
     granted = {(g, r) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
-    for need in [("skiff.dev", "inferenceservices"), ("skiff.dev", "inferenceservices/status"),
-                 ("skiff.dev", "inferenceservices/scale"), ("apps", "deployments"), ("", "services"),
-                 ("policy", "poddisruptionbudgets"), ("", "pods"), ("discovery.k8s.io", "endpointslices"),
-                 ("", "events"), ("autoscaling", "horizontalpodautoscalers"), ("keda.sh", "scaledobjects"),
-                 ("", "secrets"), ("kopf.dev", "kopfpeerings"), ("kopf.dev", "clusterkopfpeerings"),
-                 ("", "persistentvolumeclaims")]:
+    for need in [
+        ("skiff.dev", "inferenceservices"),
+        ("skiff.dev", "inferenceservices/status"),
+        ("skiff.dev", "inferenceservices/scale"),
+        ("apps", "deployments"),
+        ("", "services"),
+        ("policy", "poddisruptionbudgets"),
+        ("", "pods"),
+        ("discovery.k8s.io", "endpointslices"),
+        ("", "events"),
+        ("autoscaling", "horizontalpodautoscalers"),
+        ("keda.sh", "scaledobjects"),
+        ("", "secrets"),
+        ("kopf.dev", "kopfpeerings"),
+        ("kopf.dev", "clusterkopfpeerings"),
+        ("", "persistentvolumeclaims"),
+    ]:
         assert need in granted, need
     secrets = [r for r in role["rules"] if "secrets" in r["resources"]]
     assert all(set(r["verbs"]) <= {"get", "list", "watch"} for r in secrets), "secrets are read-only"
@@ -77,18 +91,28 @@ def test_namespaced_rbac_has_no_cluster_grants(rendered):
     assert not find(objs, "ClusterRole", "skiff-operator")
     # The one cluster-wide grant: read-only namespaces and CRDs, which kopf lists even when namespaced.
     (reads,) = find(objs, "ClusterRole", "skiff-operator-cluster-reads")
-    assert {r for rule in reads["rules"] for r in rule["resources"]} == {"namespaces", "customresourcedefinitions"}
+    assert {r for rule in reads["rules"] for r in rule["resources"]} == {
+        "namespaces",
+        "customresourcedefinitions",
+    }
     assert {v for rule in reads["rules"] for v in rule["verbs"]} == {"get", "list", "watch"}
-    assert [b["metadata"]["name"] for b in find(objs, "ClusterRoleBinding")] == ["skiff-operator-cluster-reads"]
+    assert [b["metadata"]["name"] for b in find(objs, "ClusterRoleBinding")] == [
+        "skiff-operator-cluster-reads"
+    ]
     roles = find(objs, "Role", "skiff-operator")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     for b in find(objs, "RoleBinding", "skiff-operator"):
-        assert b["subjects"] == [{"kind": "ServiceAccount", "name": "skiff-operator", "namespace": "skiff-system"}]
+        assert b["subjects"] == [
+            {"kind": "ServiceAccount", "name": "skiff-operator", "namespace": "skiff-system"}
+        ]
     args = find(objs, "Deployment", "skiff-operator")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=team-a" in args and "--namespace=team-b" in args
     router = find(objs, "Deployment", "skiff-router")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=team-a" in router and "--namespace=team-b" in router
-    assert sorted(r["metadata"]["namespace"] for r in find(objs, "Role", "skiff-router")) == ["team-a", "team-b"]
+    assert sorted(r["metadata"]["namespace"] for r in find(objs, "Role", "skiff-router")) == [
+        "team-a",
+        "team-b",
+    ]
 
 
 def test_namespaced_router_watches_its_namespace():
@@ -133,7 +157,10 @@ def test_ha_uses_kopf_peering_and_pdbs(rendered):
     args = op["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--peering=skiff-operator" in args and c_is_wrapped(op) and op["spec"]["replicas"] == 3
     assert find(objs, "ClusterKopfPeering", "skiff-operator")
-    assert {p["metadata"]["name"] for p in find(objs, "PodDisruptionBudget")} == {"skiff-operator", "skiff-router"}
+    assert {p["metadata"]["name"] for p in find(objs, "PodDisruptionBudget")} == {
+        "skiff-operator",
+        "skiff-router",
+    }
     peering_crds = {c["metadata"]["name"] for c in renderer.chart_crd_folder()}
     assert peering_crds == {"kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"}
 
@@ -143,8 +170,13 @@ def c_is_wrapped(deployment) -> bool:
 
 
 def test_namespaced_ha_peers_per_namespace():
-    objs = [o for v in renderer.render({"operator": {"replicas": 2, "watchNamespaces": ["ml"]},
-                                        "rbac": {"clusterWide": False}}).values() for o in v]
+    objs = [
+        o
+        for v in renderer.render(
+            {"operator": {"replicas": 2, "watchNamespaces": ["ml"]}, "rbac": {"clusterWide": False}}
+        ).values()
+        for o in v
+    ]
     (peering,) = find(objs, "KopfPeering")
     assert peering["metadata"]["namespace"] == "ml" and not find(objs, "ClusterKopfPeering")
 
@@ -170,8 +202,17 @@ def test_helm_test_pod_calls_models():
 
 
 def test_extra_objects_are_templated():
-    objs = [o for v in renderer.render({"extraObjects": [
-        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: '{{ .Release.Name }}-extra'\n"]}).values() for o in v]
+    objs = [
+        o
+        for v in renderer.render(
+            {
+                "extraObjects": [
+                    "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: '{{ .Release.Name }}-extra'\n"
+                ]
+            }
+        ).values()
+        for o in v
+    ]
     assert find(objs, "ConfigMap", "skiff-extra")
 
 
@@ -184,9 +225,15 @@ GOOD_VALUES = [
 BAD_VALUES = [
     ({"image": {"tag": "latest"}}, "/image/tag"),
     ({"operator": {"replicas": "two"}}, "/operator/replicas': got string, want integer"),
-    ({"router": {"service": {"type": "Ingress"}}}, "value must be one of 'ClusterIP', 'NodePort', 'LoadBalancer'"),
+    (
+        {"router": {"service": {"type": "Ingress"}}},
+        "value must be one of 'ClusterIP', 'NodePort', 'LoadBalancer'",
+    ),
     ({"routerr": {"enabled": False}}, "additional properties 'routerr' not allowed"),
-    ({"resourceProfiles": {"big": {"resources": {"memory": "lots"}}}}, "/resourceProfiles/big/resources/memory"),
+    (
+        {"resourceProfiles": {"big": {"resources": {"memory": "lots"}}}},
+        "/resourceProfiles/big/resources/memory",
+    ),
     ({"operator": {"watchNamespaces": ["Team_A"]}}, "'Team_A' does not match pattern"),
     ({"operator": {"logLevel": "verbose"}}, "/operator/logLevel"),
     ({"catalog": {"m": {"enabled": True}}}, "missing property 'spec'"),

@@ -52,7 +52,9 @@ def test_ha_wrapper_draws_random_priorities(tmp_path):
     cmd = [k8s_expand(a) for a in c["command"]] + c["args"]
     seen = set()
     for _ in range(3):
-        argv = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=30, check=True).stdout.splitlines()
+        argv = subprocess.run(
+            cmd, capture_output=True, text=True, env=env, timeout=30, check=True
+        ).stdout.splitlines()
         args = build_parser().parse_args(argv)
         assert args.peering == "skiff-operator" and not args.standalone
         seen.add(args.priority)

@@ -36,7 +36,11 @@ def test_example_is_accepted_by_the_crd(path, isvc_crd):
         if obj["kind"] == "InferenceService":
             assert validate(isvc_crd, obj) == [], f"{path.name}: {obj['metadata']['name']}"
         else:  # Secrets and the like beside the CR
-            assert obj["apiVersion"] == "v1" and obj["kind"] in {"Secret", "ConfigMap", "PersistentVolumeClaim"}
+            assert obj["apiVersion"] == "v1" and obj["kind"] in {
+                "Secret",
+                "ConfigMap",
+                "PersistentVolumeClaim",
+            }
 
 
 def test_catalog_presets_are_accepted_by_the_crd(isvc_crd):
@@ -50,19 +54,29 @@ def test_catalog_presets_are_accepted_by_the_crd(isvc_crd):
 
 
 def _base(isvc_crd) -> dict:
-    return {"apiVersion": f"{isvc_crd['spec']['group']}/{isvc_crd['spec']['versions'][0]['name']}",
-            "kind": "InferenceService", "metadata": {"name": "m"}, "spec": {}}
+    return {
+        "apiVersion": f"{isvc_crd['spec']['group']}/{isvc_crd['spec']['versions'][0]['name']}",
+        "kind": "InferenceService",
+        "metadata": {"name": "m"},
+        "spec": {},
+    }
 
 
-@pytest.mark.parametrize(("spec", "expect"), [
-    ({"replicas": -1}, "replicas"),
-    ({"modle": {}}, "Additional properties are not allowed"),
-    ({"model": {"source": "ftp://example/x"}}, "does not match"),
-    ({"runtime": {"tensorParallel": 3}}, "tensorParallel"),
-    ({"runtime": {"tensorParallel": 8}, "resources": {"gpus": 2}}, "resources.gpus must be 0 (CPU) or at least"),
-    ({"autoscaling": {"minReplicas": 3, "maxReplicas": 2}}, "minReplicas must not exceed maxReplicas"),
-    ({"runtime": {"extraArgs": ["--tp=2"]}}, "must not set flags the operator owns"),
-])
+@pytest.mark.parametrize(
+    ("spec", "expect"),
+    [
+        ({"replicas": -1}, "replicas"),
+        ({"modle": {}}, "Additional properties are not allowed"),
+        ({"model": {"source": "ftp://example/x"}}, "does not match"),
+        ({"runtime": {"tensorParallel": 3}}, "tensorParallel"),
+        (
+            {"runtime": {"tensorParallel": 8}, "resources": {"gpus": 2}},
+            "resources.gpus must be 0 (CPU) or at least",
+        ),
+        ({"autoscaling": {"minReplicas": 3, "maxReplicas": 2}}, "minReplicas must not exceed maxReplicas"),
+        ({"runtime": {"extraArgs": ["--tp=2"]}}, "must not set flags the operator owns"),
+    ],
+)
 def test_broken_specs_are_rejected_with_a_message(isvc_crd, spec, expect):
     obj = copy.deepcopy(_base(isvc_crd))
     obj["spec"] = spec

@@ -65,7 +65,9 @@ def test_runtime_target():
     assert re.search(r"^ARG CUDA_IMAGE=nvidia/cuda:[0-9.]+-\S+$", DOCKERFILE.read_text(), re.M)
     assert re.search(r"^USER \$\{SKIFF_UID\}", runtime, re.M) and "SKIFF_UID=10001" in runtime
     assert 'ENTRYPOINT ["/usr/bin/tini", "--", "skiff", "serve"]' in runtime
-    assert 'VOLUME ["/var/cache/skiff"]' in runtime and re.search(r"^\s+HOME=/var/cache/skiff$", runtime, re.M)
+    assert 'VOLUME ["/var/cache/skiff"]' in runtime and re.search(
+        r"^\s+HOME=/var/cache/skiff$", runtime, re.M
+    )
     # Pods run with a read-only root and HOME=/tmp: a cache path pinned by the image would be unwritable.
     for pinned in ("SKIFF_CACHE_DIR", "HF_HOME", "XDG_CACHE_HOME", "FLASHINFER_WORKSPACE_BASE"):
         assert pinned not in runtime, pinned
@@ -110,7 +112,9 @@ def test_cpu_runtime_target():
     assert 'ENTRYPOINT ["/usr/bin/tini", "--", "skiff", "serve"]' in final
     assert re.search(r"^USER \$\{SKIFF_UID\}", final, re.M)
     # A CA for the build's pip comes in as a secret, never as a layer.
-    assert "COPY" not in re.sub(r"^COPY (--from=\S+ )?(pyproject|README|runtime|operator|/opt/skiff).*$", "", text, flags=re.M)
+    assert "COPY" not in re.sub(
+        r"^COPY (--from=\S+ )?(pyproject|README|runtime|operator|/opt/skiff).*$", "", text, flags=re.M
+    )
     assert text.count("--mount=type=secret,id=pip-ca") == 3
 
 
@@ -134,22 +138,31 @@ def test_dockerignore_keeps_context_to_what_is_copied():
 
 def test_slim_image_entry_points_import_without_torch():
     """What the operator image runs (skiff-operator, skiff router) must not import torch."""
-    code = ("import sys, skiff.cli, skiff_operator\n"
-            "import importlib\n"
-            "for m in ('skiff_operator.main', 'skiff.commands.router'):\n"
-            "    importlib.import_module(m)\n"
-            "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))\n")
+    code = (
+        "import sys, skiff.cli, skiff_operator\n"
+        "import importlib\n"
+        "for m in ('skiff_operator.main', 'skiff.commands.router'):\n"
+        "    importlib.import_module(m)\n"
+        "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    if "No module named 'skiff_operator.main'" in proc.stderr or "No module named 'skiff.commands.router'" in proc.stderr:
-        pytest.fail("the operator (skiff_operator.main) and router (skiff.commands.router) entry points must exist")
+    if (
+        "No module named 'skiff_operator.main'" in proc.stderr
+        or "No module named 'skiff.commands.router'" in proc.stderr
+    ):
+        pytest.fail(
+            "the operator (skiff_operator.main) and router (skiff.commands.router) entry points must exist"
+        )
     assert proc.returncode == 0, proc.stderr
 
 
 def test_runtime_commands_say_what_a_slim_install_lacks():
     """In the operator image `skiff serve` has no torch: a clear message and exit 2, not a traceback."""
-    code = ("import sys; sys.modules['torch'] = None\n"
-            "from skiff.cli import main\n"
-            "sys.exit(main(['serve', '--port', '1']))\n")
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from skiff.cli import main\n"
+        "sys.exit(main(['serve', '--port', '1']))\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "lacks 'torch'" in proc.stderr and "skiff[runtime]" in proc.stderr, proc.stderr

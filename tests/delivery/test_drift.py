@@ -13,8 +13,12 @@ SCRIPT = ROOT / "scripts" / "render_manifests.py"
 
 
 def run_check(root) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(root / "scripts" / "render_manifests.py"), "--check"],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(root / "scripts" / "render_manifests.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_manifests_match_a_fresh_render():
@@ -45,8 +49,14 @@ def test_check_fails_when_the_chart_changes(tmp_path):
     proc = run_check(tmp_path)
     assert proc.returncode == 1
     added = [line for line in proc.stdout.splitlines() if line.startswith("+") and "9191" in line]
-    assert any("--port=9191" in a for a in added) and any("containerPort: 9191" in a for a in added), proc.stdout
+    assert any("--port=9191" in a for a in added) and any("containerPort: 9191" in a for a in added), (
+        proc.stdout
+    )
     assert "out of date" in proc.stderr
-    subprocess.run([sys.executable, str(tmp_path / "scripts" / "render_manifests.py")], check=True,
-                   capture_output=True, timeout=120)
+    subprocess.run(
+        [sys.executable, str(tmp_path / "scripts" / "render_manifests.py")],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     assert run_check(tmp_path).returncode == 0

@@ -27,7 +27,9 @@ from delivery_helpers import CHART, ROOT
 sys.path.insert(0, str(ROOT / "tests" / "operator"))
 from op_kubeapi import ControlPlane, FakeKubelet, binaries_present  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not binaries_present(), reason="no test kube-apiserver: run scripts/install.d/kube.sh")
+pytestmark = pytest.mark.skipif(
+    not binaries_present(), reason="no test kube-apiserver: run scripts/install.d/kube.sh"
+)
 
 RELEASE, NAMESPACE, MODELS_NS = "skiff", "skiff-system", "models"
 
@@ -89,15 +91,21 @@ def clients(cluster):
     import kubernetes
 
     api = kubernetes.config.new_client_from_config(str(cluster.kubeconfig))
-    return {"core": kubernetes.client.CoreV1Api(api), "apps": kubernetes.client.AppsV1Api(api),
-            "custom": kubernetes.client.CustomObjectsApi(api), "ext": kubernetes.client.ApiextensionsV1Api(api)}
+    return {
+        "core": kubernetes.client.CoreV1Api(api),
+        "apps": kubernetes.client.AppsV1Api(api),
+        "custom": kubernetes.client.CustomObjectsApi(api),
+        "ext": kubernetes.client.ApiextensionsV1Api(api),
+    }
 
 
 def test_unmodified_chart_is_refused_on_kube_version(cluster):
     import helm_python as helm
 
-    with (helm.Config(kubeconfig_path=str(cluster.kubeconfig), namespace=NAMESPACE) as cfg,
-          pytest.raises(helm.HelmReleaseError, match=r"chart requires kubeVersion: >=1\.29")):
+    with (
+        helm.Config(kubeconfig_path=str(cluster.kubeconfig), namespace=NAMESPACE) as cfg,
+        pytest.raises(helm.HelmReleaseError, match=r"chart requires kubeVersion: >=1\.29"),
+    ):
         cfg.install(str(CHART), "refused", {}, namespace=NAMESPACE, create_namespace=True)
 
 
@@ -120,11 +128,20 @@ def installed_operator(cluster, clients, tmp_path: Path, health: int, replicas: 
             args = [f"--health-port={port}" if a.startswith("--health-port=") else a for a in container.args]
             logs.append(tmp_path / f"operator-{i}.log")
             pod_env = {**env, "POD_ID": f"replica-{i}"}  # the Deployment's downward-API pod name
-            assert any(e.name == "POD_ID" and e.value_from.field_ref.field_path == "metadata.name"
-                       for e in container.env)
+            assert any(
+                e.name == "POD_ID" and e.value_from.field_ref.field_path == "metadata.name"
+                for e in container.env
+            )
             with open(logs[-1], "wb") as out:
-                procs.append(subprocess.Popen([*command, *args], stdout=out, stderr=subprocess.STDOUT, env=pod_env,
-                                              start_new_session=True))
+                procs.append(
+                    subprocess.Popen(
+                        [*command, *args],
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        env=pod_env,
+                        start_new_session=True,
+                    )
+                )
             wait_for("the operator's liveness endpoint", lambda p=port: _healthy(p), timeout=60, log=logs[-1])
         yield logs
         for proc, log in zip(procs, logs, strict=True):
@@ -147,14 +164,22 @@ def reconcile_example(clients, log: Path, name: str) -> dict:
     """Creates the embedded-CPU example as `name` and waits for its children and Ready."""
     example = yaml.safe_load((ROOT / "manifests" / "examples" / "embedded-cpu.yaml").read_text())
     example["metadata"]["name"] = name
-    clients["custom"].create_namespaced_custom_object("skiff.dev", "v1alpha1", MODELS_NS, "inferenceservices", example)
-    dep = wait_for("the model Deployment", lambda: _get(
-        lambda: clients["apps"].read_namespaced_deployment(name, MODELS_NS)), log=log)
+    clients["custom"].create_namespaced_custom_object(
+        "skiff.dev", "v1alpha1", MODELS_NS, "inferenceservices", example
+    )
+    dep = wait_for(
+        "the model Deployment",
+        lambda: _get(lambda: clients["apps"].read_namespaced_deployment(name, MODELS_NS)),
+        log=log,
+    )
     owner = dep.metadata.owner_references[0]
     assert (owner.kind, owner.name, owner.controller) == ("InferenceService", name, True)
     assert dep.spec.template.spec.containers[0].image == "ghcr.io/skiff-project/skiff:0.1.0"
-    wait_for("the model Service", lambda: _get(lambda: clients["core"].read_namespaced_service(name, MODELS_NS)),
-             log=log)
+    wait_for(
+        "the model Service",
+        lambda: _get(lambda: clients["core"].read_namespaced_service(name, MODELS_NS)),
+        log=log,
+    )
     isvc = wait_for("the InferenceService to be Ready", lambda: _ready(clients, name), timeout=90, log=log)
     assert isvc["status"]["readyReplicas"] == 1
     return isvc
@@ -166,24 +191,47 @@ def test_install_then_operator_reconciles_an_example(cluster, clients, tmp_path)
     chart = chart_for_test_server(tmp_path)
     health = free_port()
     with helm.Config(kubeconfig_path=str(cluster.kubeconfig), namespace=NAMESPACE) as cfg:
-        release = cfg.install(str(chart), RELEASE, {"operator": {"healthPort": health}}, namespace=NAMESPACE,
-                              create_namespace=True, timeout=120)
+        release = cfg.install(
+            str(chart),
+            RELEASE,
+            {"operator": {"healthPort": health}},
+            namespace=NAMESPACE,
+            create_namespace=True,
+            timeout=120,
+        )
         assert release["status"] == "deployed", release
         ext = clients["ext"]
-        crd = wait_for("the CRD to be established", lambda: next(
-            (c for c in [ext.read_custom_resource_definition("inferenceservices.skiff.dev")]
-             if any(s.type == "Established" and s.status == "True" for s in c.status.conditions or [])), None))
+        crd = wait_for(
+            "the CRD to be established",
+            lambda: next(
+                (
+                    c
+                    for c in [ext.read_custom_resource_definition("inferenceservices.skiff.dev")]
+                    if any(s.type == "Established" and s.status == "True" for s in c.status.conditions or [])
+                ),
+                None,
+            ),
+        )
         assert crd.metadata.annotations["helm.sh/resource-policy"] == "keep"
         clients["apps"].read_namespaced_deployment("skiff-router", NAMESPACE)
         # The API server's own RBAC authorizer: the router's ServiceAccount may make its calls, and no more.
         router_sa = f"system:serviceaccount:{NAMESPACE}:skiff-router"
-        for verb, group, resource in [("list", "skiff.dev", "inferenceservices"), ("watch", "skiff.dev", "inferenceservices"),
-                                      ("list", "discovery.k8s.io", "endpointslices"), ("list", "", "secrets"),
-                                      ("get", "", "secrets"), ("list", "", "services"),
-                                      ("patch", "skiff.dev", "inferenceservices/scale")]:
+        for verb, group, resource in [
+            ("list", "skiff.dev", "inferenceservices"),
+            ("watch", "skiff.dev", "inferenceservices"),
+            ("list", "discovery.k8s.io", "endpointslices"),
+            ("list", "", "secrets"),
+            ("get", "", "secrets"),
+            ("list", "", "services"),
+            ("patch", "skiff.dev", "inferenceservices/scale"),
+        ]:
             assert can(clients, router_sa, verb, group, resource), (verb, group, resource)
-        for verb, group, resource in [("create", "", "secrets"), ("delete", "apps", "deployments"),
-                                      ("patch", "skiff.dev", "inferenceservices"), ("create", "", "pods")]:
+        for verb, group, resource in [
+            ("create", "", "secrets"),
+            ("delete", "apps", "deployments"),
+            ("patch", "skiff.dev", "inferenceservices"),
+            ("create", "", "pods"),
+        ]:
             assert not can(clients, router_sa, verb, group, resource), (verb, group, resource)
         clients["core"].create_namespace({"metadata": {"name": MODELS_NS}})
         with installed_operator(cluster, clients, tmp_path, health) as (log,):
@@ -194,7 +242,9 @@ def test_install_then_operator_reconciles_an_example(cluster, clients, tmp_path)
         cfg.uninstall(RELEASE)
     assert _get(lambda: clients["apps"].read_namespaced_deployment("skiff-operator", NAMESPACE)) is None
     ext.read_custom_resource_definition("inferenceservices.skiff.dev")  # kept
-    clients["custom"].get_namespaced_custom_object("skiff.dev", "v1alpha1", MODELS_NS, "inferenceservices", "smollm2")
+    clients["custom"].get_namespaced_custom_object(
+        "skiff.dev", "v1alpha1", MODELS_NS, "inferenceservices", "smollm2"
+    )
 
 
 def test_reinstall_namespaced_adopts_the_kept_crd(cluster, clients, tmp_path):
@@ -206,15 +256,23 @@ def test_reinstall_namespaced_adopts_the_kept_crd(cluster, clients, tmp_path):
     chart = chart_for_test_server(tmp_path)
     health = free_port()
     # Two replicas electing one active instance; no PDB (1.20 serves no policy/v1).
-    values = {"operator": {"healthPort": health, "watchNamespaces": [MODELS_NS], "replicas": 2,
-                           "pdb": {"enabled": False}},
-              "rbac": {"clusterWide": False}}
+    values = {
+        "operator": {
+            "healthPort": health,
+            "watchNamespaces": [MODELS_NS],
+            "replicas": 2,
+            "pdb": {"enabled": False},
+        },
+        "rbac": {"clusterWide": False},
+    }
     with helm.Config(kubeconfig_path=str(cluster.kubeconfig), namespace=NAMESPACE) as cfg:
         if any(r["name"] == RELEASE for r in cfg.list()):
             cfg.uninstall(RELEASE)  # left over by a failed test above
         if _get(lambda: clients["core"].read_namespace(MODELS_NS)) is None:
             clients["core"].create_namespace({"metadata": {"name": MODELS_NS}})
-        assert cfg.install(str(chart), RELEASE, values, namespace=NAMESPACE, timeout=120)["status"] == "deployed"
+        assert (
+            cfg.install(str(chart), RELEASE, values, namespace=NAMESPACE, timeout=120)["status"] == "deployed"
+        )
         rbac = kubernetes_rbac(clients)
         assert rbac.read_namespaced_role("skiff-operator", MODELS_NS)
         assert _get(lambda: rbac.read_cluster_role("skiff-operator")) is None
@@ -227,8 +285,12 @@ def test_reinstall_namespaced_adopts_the_kept_crd(cluster, clients, tmp_path):
             assert prio[0] != prio[1], peering  # drawn at random: equal priorities would pause both
             low, high = sorted(prio, key=prio.get)
             if low == 0:  # it ran alone at first; it stands by once it has seen the higher peer
-                wait_for("the first replica to stand by", lambda: "Pausing operations in favour of" in
-                         logs[0].read_text(errors="replace"), timeout=30, log=logs[0])
+                wait_for(
+                    "the first replica to stand by",
+                    lambda: "Pausing operations in favour of" in logs[0].read_text(errors="replace"),
+                    timeout=30,
+                    log=logs[0],
+                )
             # (started second with the lower priority, a replica is paused from its start)
             reconcile_example(clients, logs[high], "smollm2-again")
         cfg.uninstall(RELEASE)
@@ -244,9 +306,15 @@ def schedule_pods(clients) -> None:
         core.create_node({"metadata": {"name": "node-1"}})
     for pod in core.list_namespaced_pod(MODELS_NS, label_selector="skiff.dev/inferenceservice").items:
         if not pod.spec.node_name:
-            core.create_namespaced_pod_binding(pod.metadata.name, MODELS_NS, kubernetes.client.V1Binding(
-                metadata=kubernetes.client.V1ObjectMeta(name=pod.metadata.name),
-                target=kubernetes.client.V1ObjectReference(kind="Node", name="node-1")), _preload_content=False)
+            core.create_namespaced_pod_binding(
+                pod.metadata.name,
+                MODELS_NS,
+                kubernetes.client.V1Binding(
+                    metadata=kubernetes.client.V1ObjectMeta(name=pod.metadata.name),
+                    target=kubernetes.client.V1ObjectReference(kind="Node", name="node-1"),
+                ),
+                _preload_content=False,
+            )
 
 
 def run_installed_router(cluster, clients, tmp_path: Path) -> dict[str, int]:
@@ -257,8 +325,10 @@ def run_installed_router(cluster, clients, tmp_path: Path) -> dict[str, int]:
     dep = clients["apps"].read_namespaced_deployment("skiff-router", NAMESPACE)
     c = dep.spec.template.spec.containers[0]
     port = free_port()
-    args = [f"--port={port}" if a.startswith("--port=") else "--host=127.0.0.1" if a.startswith("--host=") else a
-            for a in c.args]
+    args = [
+        f"--port={port}" if a.startswith("--port=") else "--host=127.0.0.1" if a.startswith("--host=") else a
+        for a in c.args
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
     env["KUBECONFIG"] = str(service_account_kubeconfig(cluster, clients, dep, tmp_path))
     log = tmp_path / "router.log"
@@ -272,8 +342,9 @@ def run_installed_router(cluster, clients, tmp_path: Path) -> dict[str, int]:
         return got if got and all(got.values()) else None
 
     with open(log, "wb") as out:
-        proc = subprocess.Popen([*c.command, *args], stdout=out, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [*c.command, *args], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
     try:
         models = wait_for("the router to list a ready model", ready_models, timeout=60, log=log)
         text = log.read_text(errors="replace")
@@ -293,10 +364,15 @@ def can(clients, user: str, verb: str, group: str, resource: str, namespace: str
     import kubernetes
 
     res, _, sub = resource.partition("/")
-    review = kubernetes.client.V1SubjectAccessReview(spec=kubernetes.client.V1SubjectAccessReviewSpec(
-        user=user, groups=["system:serviceaccounts", f"system:serviceaccounts:{NAMESPACE}", "system:authenticated"],
-        resource_attributes=kubernetes.client.V1ResourceAttributes(
-            verb=verb, group=group, resource=res, subresource=sub or None, namespace=namespace)))
+    review = kubernetes.client.V1SubjectAccessReview(
+        spec=kubernetes.client.V1SubjectAccessReviewSpec(
+            user=user,
+            groups=["system:serviceaccounts", f"system:serviceaccounts:{NAMESPACE}", "system:authenticated"],
+            resource_attributes=kubernetes.client.V1ResourceAttributes(
+                verb=verb, group=group, resource=res, subresource=sub or None, namespace=namespace
+            ),
+        )
+    )
     api = kubernetes.client.AuthorizationV1Api(clients["core"].api_client)
     return bool(api.create_subject_access_review(review).status.allowed)
 
@@ -312,21 +388,41 @@ def service_account_kubeconfig(cluster, clients, deployment, tmp_path: Path) -> 
     import kubernetes
 
     sa = deployment.spec.template.spec.service_account_name
-    token = clients["core"].create_namespaced_service_account_token(
-        sa, NAMESPACE, kubernetes.client.AuthenticationV1TokenRequest(
-            spec=kubernetes.client.V1TokenRequestSpec(audiences=["https://kubernetes.default.svc.cluster.local"],
-                                                      expiration_seconds=3600))).status.token
+    token = (
+        clients["core"]
+        .create_namespaced_service_account_token(
+            sa,
+            NAMESPACE,
+            kubernetes.client.AuthenticationV1TokenRequest(
+                spec=kubernetes.client.V1TokenRequestSpec(
+                    audiences=["https://kubernetes.default.svc.cluster.local"], expiration_seconds=3600
+                )
+            ),
+        )
+        .status.token
+    )
     path = tmp_path / f"{sa}.kubeconfig"
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
-        "clusters": [{"name": "c", "cluster": {"server": cluster.url, "insecure-skip-tls-verify": True}}],
-        "users": [{"name": "sa", "user": {"token": token}}],
-        "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa"}}]}))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "sa",
+                "clusters": [
+                    {"name": "c", "cluster": {"server": cluster.url, "insecure-skip-tls-verify": True}}
+                ],
+                "users": [{"name": "sa", "user": {"token": token}}],
+                "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa"}}],
+            }
+        )
+    )
     return path
 
 
 def _peers(clients) -> dict | None:
-    obj = clients["custom"].get_namespaced_custom_object("kopf.dev", "v1", MODELS_NS, "kopfpeerings", "skiff-operator")
+    obj = clients["custom"].get_namespaced_custom_object(
+        "kopf.dev", "v1", MODELS_NS, "kopfpeerings", "skiff-operator"
+    )
     peers = obj.get("status") or {}
     return peers if len(peers) == 2 else None
 
@@ -352,6 +448,8 @@ def _get(read):
 
 
 def _ready(clients, name: str) -> dict | None:
-    isvc = clients["custom"].get_namespaced_custom_object("skiff.dev", "v1alpha1", MODELS_NS, "inferenceservices", name)
+    isvc = clients["custom"].get_namespaced_custom_object(
+        "skiff.dev", "v1alpha1", MODELS_NS, "inferenceservices", name
+    )
     conds = (isvc.get("status") or {}).get("conditions") or []
     return isvc if any(c["type"] == "Ready" and c["status"] == "True" for c in conds) else None

@@ -34,8 +34,11 @@ def unique_objects(rendered) -> list[dict]:
 
 @pytest.mark.parametrize("version", claimed_versions())
 def test_rendered_objects_validate(rendered, crds, version):
-    by_kind = {(f"{c['spec']['group']}/{v['name']}", c["spec"]["names"]["kind"]): c
-               for c in crds + renderer.chart_crd_folder() for v in c["spec"]["versions"]}
+    by_kind = {
+        (f"{c['spec']['group']}/{v['name']}", c["spec"]["names"]["kind"]): c
+        for c in crds + renderer.chart_crd_folder()
+        for v in c["spec"]["versions"]
+    }
     problems, custom = [], 0
     for obj in unique_objects(rendered):
         key = (obj["apiVersion"], obj["kind"])

@@ -28,10 +28,17 @@ class Cluster:
     report: dict[str, Any] = field(default_factory=dict)
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True, timeout: float = 120) -> str:
-        proc = subprocess.run(["kubectl", "--kubeconfig", self.kubeconfig, *args], input=input, capture_output=True,
-                              text=True, timeout=timeout)
+        proc = subprocess.run(
+            ["kubectl", "--kubeconfig", self.kubeconfig, *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if check and proc.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
+            raise AssertionError(
+                f"kubectl {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}"
+            )
         return proc.stdout
 
     def get(self, *args: str) -> dict[str, Any]:
@@ -53,7 +60,9 @@ class Cluster:
 
 
 def is_ready(pod: dict) -> bool:
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", []))
+    return any(
+        c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", [])
+    )
 
 
 def condition(obj: dict, kind: str) -> str | None:
@@ -94,13 +103,24 @@ def pod_counters(pod_ip: str) -> tuple[float, float]:
     return finished, tokens
 
 
-def chat(base_url: str, content: str, max_tokens: int = 24, model: str = MODEL, timeout: float = 120,
-         **extra: object) -> str:
+def chat(
+    base_url: str,
+    content: str,
+    max_tokens: int = 24,
+    model: str = MODEL,
+    timeout: float = 120,
+    **extra: object,
+) -> str:
     import openai
 
     client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", timeout=timeout, max_retries=0)
-    out = client.chat.completions.create(model=model, messages=[{"role": "user", "content": content}],
-                                         max_tokens=max_tokens, temperature=0, extra_body=extra or None)
+    out = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": content}],
+        max_tokens=max_tokens,
+        temperature=0,
+        extra_body=extra or None,
+    )
     return out.choices[0].message.content or ""
 
 
@@ -122,8 +142,12 @@ class StreamLoad:
     def _one(self, client, i: int) -> None:
         finish = None
         stream = client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": f"Count from {i} to {i + 20}."}],
-            max_tokens=self.max_tokens, temperature=0, stream=True)
+            model=MODEL,
+            messages=[{"role": "user", "content": f"Count from {i} to {i + 20}."}],
+            max_tokens=self.max_tokens,
+            temperature=0,
+            stream=True,
+        )
         for chunk in stream:
             if chunk.choices and chunk.choices[0].finish_reason:
                 finish = chunk.choices[0].finish_reason

@@ -50,11 +50,14 @@ def router_url(cluster, helm_config, tmp_path_factory) -> str:
         if release["name"] == RELEASE:
             helm_config.uninstall(RELEASE)
     chart = chart_for_test_server(tmp_path_factory.mktemp("chart"))
-    values = {"image": {"repository": "localhost/skiff-operator", "tag": VERSION, "pullPolicy": "Never"},
-              "runtime": {"image": {"repository": "localhost/skiff", "tag": f"{VERSION}-cpu"}}}
+    values = {
+        "image": {"repository": "localhost/skiff-operator", "tag": VERSION, "pullPolicy": "Never"},
+        "runtime": {"image": {"repository": "localhost/skiff", "tag": f"{VERSION}-cpu"}},
+    }
     t0 = time.monotonic()
-    release = helm_config.install(str(chart), RELEASE, values, namespace=SYSTEM_NS, create_namespace=True,
-                                  timeout=180, wait="watcher")
+    release = helm_config.install(
+        str(chart), RELEASE, values, namespace=SYSTEM_NS, create_namespace=True, timeout=180, wait="watcher"
+    )
     assert release["status"] == "deployed"
     cluster.report["helm_install_to_available_seconds"] = round(time.monotonic() - t0, 1)
     cluster.kubectl("create", "namespace", NS)
@@ -62,8 +65,15 @@ def router_url(cluster, helm_config, tmp_path_factory) -> str:
 
 
 def test_helm_install_operator_and_router_available(cluster, helm_config, router_url):
-    out = cluster.kubectl("wait", "-n", SYSTEM_NS, "--for=condition=Available", "deployment/skiff-operator",
-                          "deployment/skiff-router", "--timeout=120s")
+    out = cluster.kubectl(
+        "wait",
+        "-n",
+        SYSTEM_NS,
+        "--for=condition=Available",
+        "deployment/skiff-operator",
+        "deployment/skiff-router",
+        "--timeout=120s",
+    )
     assert out.count("condition met") == 2, out
     pods = cluster.get("pods", "-n", SYSTEM_NS)["items"]
     images = {c["image"] for p in pods for c in p["spec"]["containers"]}
@@ -73,11 +83,26 @@ def test_helm_install_operator_and_router_available(cluster, helm_config, router
     assert "models: []" in result["logs"], result["logs"]
     # The README's way in from a workstation: kubectl port-forward to the router's Service.
     port = free_port()
-    forward = subprocess.Popen(["kubectl", "--kubeconfig", cluster.kubeconfig, "-n", SYSTEM_NS, "port-forward",
-                                "svc/skiff-router", f"{port}:80"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    forward = subprocess.Popen(
+        [
+            "kubectl",
+            "--kubeconfig",
+            cluster.kubeconfig,
+            "-n",
+            SYSTEM_NS,
+            "port-forward",
+            "svc/skiff-router",
+            f"{port}:80",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
-        models = wait_until("the port-forward", lambda: httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5)
-                            .json(), timeout=30)
+        models = wait_until(
+            "the port-forward",
+            lambda: httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).json(),
+            timeout=30,
+        )
         assert models["object"] == "list", models
     finally:
         forward.terminate()
@@ -133,8 +158,15 @@ def _local_skiff_serve_answer(cluster, tmp_path: Path) -> str:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         url = f"http://127.0.0.1:{port}"
-        wait_until("local skiff serve", lambda: proc.poll() is None and httpx.get(f"{url}/health", timeout=2)
-                   .status_code == 200 or proc.poll() is not None, timeout=180)
+        wait_until(
+            "local skiff serve",
+            lambda: (
+                proc.poll() is None
+                and httpx.get(f"{url}/health", timeout=2).status_code == 200
+                or proc.poll() is not None
+            ),
+            timeout=180,
+        )
         assert proc.poll() is None, log.read_text()[-3000:]
         return chat(url, PROMPT)
     finally:
@@ -145,15 +177,22 @@ def _local_skiff_serve_answer(cluster, tmp_path: Path) -> str:
 def test_scale_to_two_spreads_requests_over_both_pods(cluster, router_url):
     cluster.kubectl("scale", "-n", NS, "inferenceservice/smollm2", "--replicas=2")
     wait_until("two ready pods", lambda: len(cluster.ready_pods(NS, SELECTOR)) == 2, timeout=240)
-    wait_until("readyReplicas 2", lambda: cluster.get("inferenceservice", "-n", NS, "smollm2")["status"]
-               .get("readyReplicas") == 2, timeout=60)
+    wait_until(
+        "readyReplicas 2",
+        lambda: cluster.get("inferenceservice", "-n", NS, "smollm2")["status"].get("readyReplicas") == 2,
+        timeout=60,
+    )
     ips = [p["status"]["podIP"] for p in cluster.ready_pods(NS, SELECTOR)]
     before = {ip: pod_counters(ip) for ip in ips}
     time.sleep(5)  # the router's discovery refresh (2 s) picks up the second endpoint
     n, tokens = 16, 8
     for i in range(n):
-        chat(router_url, f"Name a color that starts with the letter {chr(65 + i)}.", max_tokens=tokens,
-             ignore_eos=True)
+        chat(
+            router_url,
+            f"Name a color that starts with the letter {chr(65 + i)}.",
+            max_tokens=tokens,
+            ignore_eos=True,
+        )
     # Readiness probes generate too (1 token each): with exactly `tokens` per request of ours, a pod that
     # finished f requests and generated g tokens served (g - f) / (tokens - 1) of them.
     served = {}
@@ -170,22 +209,38 @@ def test_spec_change_rolls_out_under_streaming_load_without_failures(cluster, ro
     t0 = time.monotonic()
     with StreamLoad(router_url, workers=3) as load:
         time.sleep(3)
-        cluster.kubectl("patch", "-n", NS, "inferenceservice/smollm2", "--type=merge",
-                        "-p", '{"spec": {"runtime": {"maxRunningRequests": 8}}}')
+        cluster.kubectl(
+            "patch",
+            "-n",
+            NS,
+            "inferenceservice/smollm2",
+            "--type=merge",
+            "-p",
+            '{"spec": {"runtime": {"maxRunningRequests": 8}}}',
+        )
         generation = cluster.get("inferenceservice", "-n", NS, "smollm2")["metadata"]["generation"]
 
         def rolled_out() -> bool:
             isvc = cluster.get("inferenceservice", "-n", NS, "smollm2")
             pods = cluster.get("pods", "-n", NS, "-l", SELECTOR)["items"]
             st = isvc.get("status", {})
-            return (st.get("observedGeneration") == generation and st.get("phase") == "Ready"
-                    and st.get("updatedReplicas") == 2 and st.get("readyReplicas") == 2
-                    and len(pods) == 2 and not old & {p["metadata"]["name"] for p in pods})
+            return (
+                st.get("observedGeneration") == generation
+                and st.get("phase") == "Ready"
+                and st.get("updatedReplicas") == 2
+                and st.get("readyReplicas") == 2
+                and len(pods) == 2
+                and not old & {p["metadata"]["name"] for p in pods}
+            )
 
         wait_until("the rollout", rolled_out, timeout=420, interval=1)
         time.sleep(5)
-    cluster.report["rollout_under_load"] = {"sent": load.sent, "ok": load.ok, "failed": len(load.errors),
-                                            "seconds": round(time.monotonic() - t0, 1)}
+    cluster.report["rollout_under_load"] = {
+        "sent": load.sent,
+        "ok": load.ok,
+        "failed": len(load.errors),
+        "seconds": round(time.monotonic() - t0, 1),
+    }
     assert load.sent >= 10 and load.ok > 0, cluster.report["rollout_under_load"]
     assert load.errors == [], load.errors[:5]
     pod = cluster.ready_pods(NS, SELECTOR)[0]
@@ -197,8 +252,13 @@ def _server_pid(cluster, pod: dict) -> int:
     """The host PID of the pod's server container (the node is this machine: kill it as an OOM would)."""
     cid = pod["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
     sock = str(Path(cluster.kubeconfig).parent / "containerd" / "containerd.sock")
-    out = subprocess.run(["ctr", "-a", sock, "-n", "k8s.io", "tasks", "ls"], capture_output=True, text=True,
-                         timeout=30, check=True).stdout
+    out = subprocess.run(
+        ["ctr", "-a", sock, "-n", "k8s.io", "tasks", "ls"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
     for line in out.splitlines()[1:]:
         task, pid, _status = line.split()
         if task == cid:
@@ -210,12 +270,19 @@ def test_killed_server_errors_in_flight_requests_and_the_pod_comes_back(cluster,
     import openai
 
     cluster.kubectl("scale", "-n", NS, "inferenceservice/smollm2", "--replicas=1")
-    wait_until("one pod", lambda: len(cluster.get("pods", "-n", NS, "-l", SELECTOR)["items"]) == 1, timeout=120)
+    wait_until(
+        "one pod", lambda: len(cluster.get("pods", "-n", NS, "-l", SELECTOR)["items"]) == 1, timeout=120
+    )
     pod = cluster.ready_pods(NS, SELECTOR)[0]
     restarts = pod["status"]["containerStatuses"][0]["restartCount"]
     client = openai.OpenAI(base_url=f"{router_url}/v1", api_key="unused", timeout=60, max_retries=0)
-    stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Tell a long story."}],
-                                            max_tokens=2000, temperature=0, stream=True)
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Tell a long story."}],
+        max_tokens=2000,
+        temperature=0,
+        stream=True,
+    )
     chunks = iter(stream)
     next(chunks)  # the request is in flight on the server
     t0 = time.monotonic()
@@ -259,8 +326,11 @@ def test_scale_to_zero_holds_a_request_and_wakes(cluster, router_url):
         return cluster.get("deployment", "-n", NS, name)["spec"].get("replicas")
 
     wait_until("the Deployment at 0 replicas", lambda: replicas() == 0, timeout=300, interval=1)
-    wait_until("no pods", lambda: not cluster.get("pods", "-n", NS, "-l", f"skiff.dev/inferenceservice={name}")
-               ["items"], timeout=120)
+    wait_until(
+        "no pods",
+        lambda: not cluster.get("pods", "-n", NS, "-l", f"skiff.dev/inferenceservice={name}")["items"],
+        timeout=120,
+    )
     t0 = time.monotonic()
     answer = chat(router_url, PROMPT, model=served, timeout=300)
     wake = time.monotonic() - t0
@@ -279,6 +349,8 @@ def test_delete_collects_children_and_uninstall_keeps_the_crd(cluster, helm_conf
 
     wait_until("every child gone", lambda: children() == [], timeout=180, interval=1)
     helm_config.uninstall(RELEASE)
-    wait_until("the operator gone", lambda: not cluster.get("deployments", "-n", SYSTEM_NS)["items"], timeout=120)
+    wait_until(
+        "the operator gone", lambda: not cluster.get("deployments", "-n", SYSTEM_NS)["items"], timeout=120
+    )
     crd = cluster.get("crd", "inferenceservices.skiff.dev")
     assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"

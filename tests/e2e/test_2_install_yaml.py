@@ -45,15 +45,23 @@ def test_install_yaml_serves_the_embedded_model(cluster, tmp_path):
     cluster.kubectl("apply", "--server-side", "-f", str(crds))
     cluster.kubectl("wait", "--for=condition=Established", "crd/inferenceservices.skiff.dev", "--timeout=60s")
     cluster.kubectl("apply", "--server-side", "-f", str(install))
-    cluster.kubectl("wait", "-n", "skiff-system", "--for=condition=Available", "deployment/skiff-operator",
-                    "deployment/skiff-router", "--timeout=180s")
+    cluster.kubectl(
+        "wait",
+        "-n",
+        "skiff-system",
+        "--for=condition=Available",
+        "deployment/skiff-operator",
+        "deployment/skiff-router",
+        "--timeout=180s",
+    )
     cluster.kubectl("create", "namespace", NS)
     isvc = example("embedded-cpu.yaml")
     isvc["spec"]["resources"]["cpu"] = "500m"
     isvc["spec"]["runtime"]["image"] = CPU_IMAGE
     cluster.apply(isvc, NS)
-    cluster.kubectl("wait", "-n", NS, "--for=condition=Ready", "inferenceservice/smollm2", "--timeout=300s",
-                    timeout=320)
+    cluster.kubectl(
+        "wait", "-n", NS, "--for=condition=Ready", "inferenceservice/smollm2", "--timeout=300s", timeout=320
+    )
     cluster.report["install_yaml_apply_to_ready_seconds"] = round(time.monotonic() - t0, 1)
     router = cluster.service_url("skiff-system", "skiff-router")
     answer = wait_until("an answer through the router", lambda: chat(router, "Say hello."), timeout=60)

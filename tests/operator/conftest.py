@@ -46,7 +46,9 @@ def wait_for(check, timeout: float = 30.0, what: str = "condition", interval: fl
 @pytest.fixture(scope="session")
 def control_plane() -> Iterator[ControlPlane]:
     if not binaries_present():
-        pytest.skip("no test kube-apiserver: run scripts/install.d/kube.sh (SKIFF_KUBE_SKIP was set or it failed)")
+        pytest.skip(
+            "no test kube-apiserver: run scripts/install.d/kube.sh (SKIFF_KUBE_SKIP was set or it failed)"
+        )
     cp = ControlPlane()
     try:
         cp.start()
@@ -68,11 +70,20 @@ def api(control_plane: ControlPlane) -> Api:
         ext.create_custom_resource_definition(crd)
     for crd in [crd_manifest(), *peering_crd_manifests()]:
         name = crd["metadata"]["name"]
-        wait_for(lambda name=name: any(c.type == "Established" and c.status == "True"
-                                       for c in ext.read_custom_resource_definition(name).status.conditions or []),
-                 what=f"CRD {name} established")
-    return Api(client, kubernetes.client.CoreV1Api(client), kubernetes.client.AppsV1Api(client),
-               kubernetes.client.CustomObjectsApi(client), str(control_plane.kubeconfig))
+        wait_for(
+            lambda name=name: any(
+                c.type == "Established" and c.status == "True"
+                for c in ext.read_custom_resource_definition(name).status.conditions or []
+            ),
+            what=f"CRD {name} established",
+        )
+    return Api(
+        client,
+        kubernetes.client.CoreV1Api(client),
+        kubernetes.client.AppsV1Api(client),
+        kubernetes.client.CustomObjectsApi(client),
+        str(control_plane.kubeconfig),
+    )
 
 
 @pytest.fixture

@@ -22,8 +22,13 @@ def example_crs() -> dict[str, dict[str, Any]]:
     return out
 
 
-def isvc(spec: dict[str, Any] | None = None, name: str = "demo", namespace: str = "ml", generation: int = 1,
-         status: dict[str, Any] | None = None) -> dict[str, Any]:
+def isvc(
+    spec: dict[str, Any] | None = None,
+    name: str = "demo",
+    namespace: str = "ml",
+    generation: int = 1,
+    status: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     body: dict[str, Any] = {
         "apiVersion": "skiff.dev/v1alpha1",
         "kind": "InferenceService",

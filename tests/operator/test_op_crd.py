@@ -57,20 +57,38 @@ def test_crd_contract_fields() -> None:
     assert auto["mode"]["enum"] == ["operator", "hpa", "keda"] and auto["mode"]["default"] == "operator"
     assert auto["minReplicas"]["minimum"] == 0
     assert auto["metric"]["enum"] == ["queue", "running", "kvUsage", "concurrency"]
-    for key in ("maxReplicas", "targetPerReplica", "scaleUpStabilizationSeconds", "scaleDownStabilizationSeconds",
-                "maxScaleUpStep", "maxScaleDownStep", "idleToZeroSeconds", "prometheusAddress"):
+    for key in (
+        "maxReplicas",
+        "targetPerReplica",
+        "scaleUpStabilizationSeconds",
+        "scaleDownStabilizationSeconds",
+        "maxScaleUpStep",
+        "maxScaleDownStep",
+        "idleToZeroSeconds",
+        "prometheusAddress",
+    ):
         assert key in auto
     assert spec["routing"]["properties"]["strategy"]["default"] == "prefixHash"
     assert spec["routing"]["properties"]["prefixChars"]["type"] == "integer"
     assert "apiKeySecretRef" in spec
     assert version["subresources"]["scale"] == {
-        "specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
-        "labelSelectorPath": ".status.selector"}
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
     assert "isvc" not in crd["spec"]["names"]["shortNames"]
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
     assert status["conditions"]["x-kubernetes-list-type"] == "map"
-    assert {"observedGeneration", "replicas", "readyReplicas", "updatedReplicas", "selector", "url",
-            "servedModel", "phase"} <= set(status)
+    assert {
+        "observedGeneration",
+        "replicas",
+        "readyReplicas",
+        "updatedReplicas",
+        "selector",
+        "url",
+        "servedModel",
+        "phase",
+    } <= set(status)
     columns = {c["name"] for c in version["additionalPrinterColumns"]}
     assert {"Model", "TP", "Ready", "Replicas", "URL", "Age"} <= columns
 

@@ -14,8 +14,13 @@ from skiff_operator.model_source import parse_source as operator_parse
 
 
 def skiff(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "skiff.cli", "download", *args], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "skiff.cli", "download", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def test_file_source_verifies_a_real_model() -> None:
@@ -38,8 +43,9 @@ def test_directory_checks(tmp_path) -> None:
     (tmp_path / "m/config.json").write_text("{}")
     with pytest.raises(DownloadError, match="no weights"):
         fetch(f"file://{tmp_path}/m", None)
-    (tmp_path / "m/model.safetensors.index.json").write_text(json.dumps(
-        {"weight_map": {"a": "model-00001.safetensors", "b": "model-00002.safetensors"}}))
+    (tmp_path / "m/model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"a": "model-00001.safetensors", "b": "model-00002.safetensors"}})
+    )
     (tmp_path / "m/model-00001.safetensors").write_bytes(b"x")
     with pytest.raises(DownloadError, match="missing: model-00002.safetensors"):
         fetch(f"file://{tmp_path}/m", None)
@@ -57,12 +63,15 @@ def test_pvc_source_checks_the_path_under_the_mount(tmp_path) -> None:
     assert out.returncode == 1 and "--dest is required" in out.stderr
 
 
-@pytest.mark.parametrize("uri,fragment", [
-    ("s3://bucket/x", "unsupported scheme 's3'"),
-    ("hf://onlyname", "hf://org/name[@revision]"),
-    ("file://relative/path", "absolute path"),
-    ("just-a-name", "is not a model source"),
-])
+@pytest.mark.parametrize(
+    "uri,fragment",
+    [
+        ("s3://bucket/x", "unsupported scheme 's3'"),
+        ("hf://onlyname", "hf://org/name[@revision]"),
+        ("file://relative/path", "absolute path"),
+        ("just-a-name", "is not a model source"),
+    ],
+)
 def test_bad_sources(uri: str, fragment: str) -> None:
     out = skiff(uri, "--dest", "/tmp/unused")
     assert out.returncode == 1 and fragment in out.stderr
@@ -89,9 +98,15 @@ def test_verification_against_hub_metadata(tmp_path) -> None:
         verify_against_metadata(tmp_path, [{"name": "other.json", "size": 1, "sha256": None}])
 
 
-@pytest.mark.parametrize("uri", ["hf://Qwen/Qwen3-8B", "hf://Qwen/Qwen3-8B@v1.0", "pvc://models/a/b/c",
-                                 "pvc://models", "file:///mnt/m"])
+@pytest.mark.parametrize(
+    "uri",
+    ["hf://Qwen/Qwen3-8B", "hf://Qwen/Qwen3-8B@v1.0", "pvc://models/a/b/c", "pvc://models", "file:///mnt/m"],
+)
 def test_runtime_and_operator_parse_sources_alike(uri: str) -> None:
     ours, theirs = parse_source(uri), operator_parse(uri)
-    assert (ours.scheme, ours.location, ours.path, ours.revision) == \
-        (theirs.scheme, theirs.location, theirs.path, theirs.revision)
+    assert (ours.scheme, ours.location, ours.path, ours.revision) == (
+        theirs.scheme,
+        theirs.location,
+        theirs.path,
+        theirs.revision,
+    )

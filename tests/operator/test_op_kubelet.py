@@ -51,11 +51,15 @@ def _local_argv(command: list[str], container_port: int, local_port: int) -> lis
 
 
 def _local_env(env: list[dict[str, Any]], pod_tmp: Path) -> dict[str, str]:
-    out = {k: v for k, v in os.environ.items() if k in ("PATH", "PYTHONPATH", "LANG", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+    out = {
+        k: v
+        for k, v in os.environ.items()
+        if k in ("PATH", "PYTHONPATH", "LANG", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+    }
     for e in env:
         assert "value" in e, f"the embedded example needs no secrets, got {e}"
         value = str(e["value"])
-        out[e["name"]] = str(pod_tmp) + value[len("/tmp"):] if value.startswith("/tmp") else value
+        out[e["name"]] = str(pod_tmp) + value[len("/tmp") :] if value.startswith("/tmp") else value
     return out
 
 
@@ -73,9 +77,13 @@ def test_rendered_pod_serves_a_chat_answer_through_its_service_port(tmp_path: Pa
     startup_budget = startup["periodSeconds"] * startup["failureThreshold"]
     served = server["command"][server["command"].index("--served-model-name") + 1]
 
-    proc = subprocess.Popen(_local_argv(server["command"], container_port, local_port),
-                            env=_local_env(server["env"], tmp_path), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        _local_argv(server["command"], container_port, local_port),
+        env=_local_env(server["env"], tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + min(startup_budget, 600)
         probe_port = ports[probe["port"]] if isinstance(probe["port"], str) else probe["port"]
@@ -83,7 +91,9 @@ def test_rendered_pod_serves_a_chat_answer_through_its_service_port(tmp_path: Pa
         ready = False
         while time.monotonic() < deadline and proc.poll() is None:
             try:
-                ready = httpx.get(f"http://127.0.0.1:{local_port}{probe['path']}", timeout=30).status_code == 200
+                ready = (
+                    httpx.get(f"http://127.0.0.1:{local_port}{probe['path']}", timeout=30).status_code == 200
+                )
             except httpx.HTTPError:
                 ready = False
             if ready:
@@ -94,8 +104,10 @@ def test_rendered_pod_serves_a_chat_answer_through_its_service_port(tmp_path: Pa
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{local_port}/v1", api_key="unused", timeout=120)
         assert [m.id for m in client.models.list().data] == [served]
         reply = client.chat.completions.create(
-            model=served, messages=[{"role": "user", "content": "What is the capital of France?"}],
-            temperature=0, max_tokens=24,
+            model=served,
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            temperature=0,
+            max_tokens=24,
         )
         assert "Paris" in (reply.choices[0].message.content or "")
 

@@ -16,7 +16,9 @@ logging.getLogger("kopf.objects").warning("Handler 'reconcile' failed temporaril
 
 
 def _log(level: str) -> list[str]:
-    proc = subprocess.run([sys.executable, "-c", CODE.format(level=level)], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", CODE.format(level=level)], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
     return [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
 

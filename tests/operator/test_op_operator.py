@@ -15,8 +15,12 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def create(api: Api, ns: str, name: str, spec: dict) -> dict:
-    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceService", "metadata": {"name": name},
-            "spec": spec}
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "InferenceService",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
     return api.custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
 
 
@@ -38,12 +42,16 @@ def ready_at(api: Api, ns: str, name: str, generation: int, status: str = "True"
         c = condition(obj, "Ready")
         ok = c.get("status") == status and obj["status"].get("observedGeneration") == generation
         return obj if ok and c.get("observedGeneration") == generation else None
+
     return check
 
 
 def pods(api: Api, ns: str, name: str) -> list:
-    return [p for p in api.core.list_namespaced_pod(ns, label_selector=f"{LABEL_ISVC}={name}").items
-            if not p.metadata.deletion_timestamp]
+    return [
+        p
+        for p in api.core.list_namespaced_pod(ns, label_selector=f"{LABEL_ISVC}={name}").items
+        if not p.metadata.deletion_timestamp
+    ]
 
 
 def replica_sets(api: Api, ns: str, name: str) -> list:
@@ -89,7 +97,9 @@ def test_lifecycle_create_ready_update_scale_delete(api: Api, namespace: str, op
     assert command[command.index("--dtype") + 1] == "bfloat16"
 
     # The scale subresource (what kubectl scale / HPA / KEDA use) scales without a rollout.
-    api.custom.patch_namespaced_custom_object_scale(GROUP, VERSION, ns, PLURAL, "chat", {"spec": {"replicas": 2}})
+    api.custom.patch_namespaced_custom_object_scale(
+        GROUP, VERSION, ns, PLURAL, "chat", {"spec": {"replicas": 2}}
+    )
     wait_for(lambda: get(api, ns, "chat")["status"].get("readyReplicas") == 2, 60, "2 ready replicas")
     obj = wait_for(ready_at(api, ns, "chat", 3), 30, "Ready at generation 3")
     scale = api.custom.get_namespaced_custom_object_scale(GROUP, VERSION, ns, PLURAL, "chat")
@@ -106,17 +116,22 @@ def test_lifecycle_create_ready_update_scale_delete(api: Api, namespace: str, op
 
 def test_missing_model_degrades_then_recovers(api: Api, namespace: str, operator, kubelet) -> None:
     ns = namespace
-    create(api, ns, "lost", {"model": {"source": "file:///nonexistent/models/qwen"}, "resources": {"gpus": 0}})
+    create(
+        api, ns, "lost", {"model": {"source": "file:///nonexistent/models/qwen"}, "resources": {"gpus": 0}}
+    )
 
     def degraded():
         c = condition(get(api, ns, "lost"), "Degraded")
         return c if c.get("status") == "True" else None
+
     c = wait_for(degraded, 60, "Degraded=True")
     assert c["reason"] == "ModelUnavailable"
     assert "model not found: /nonexistent/models/qwen does not exist" in c["message"]  # from `skiff download`
     obj = get(api, ns, "lost")
     assert condition(obj, "Ready")["status"] == "False" and obj["status"]["phase"] == "Degraded"
-    warnings = api.core.list_namespaced_event(ns, field_selector="involvedObject.name=lost,type=Warning").items
+    warnings = api.core.list_namespaced_event(
+        ns, field_selector="involvedObject.name=lost,type=Warning"
+    ).items
     assert any(e.reason == "ModelUnavailable" for e in warnings)
 
     patch_spec(api, ns, "lost", {"model": {"source": f"file://{embedded_model_path()}"}})
@@ -139,7 +154,9 @@ def test_operator_restart_creates_no_duplicates(api: Api, namespace: str, kubele
     transition = condition(get(api, ns, "stable"), "Ready")["lastTransitionTime"]
     with running_operator(ns):
         patch_spec(api, ns, "stable", {"service": {"annotations": {"team": "ml"}}})  # touches no pod
-        wait_for(lambda: api.core.read_namespaced_service("stable", ns).metadata.annotations, 30, "annotation")
+        wait_for(
+            lambda: api.core.read_namespaced_service("stable", ns).metadata.annotations, 30, "annotation"
+        )
         wait_for(ready_at(api, ns, "stable", 2), 30, "Ready at generation 2")
     after = {
         "deployment": api.apps.read_namespaced_deployment("stable", ns).metadata.uid,
@@ -166,6 +183,7 @@ def test_invalid_crs(api: Api, namespace: str, operator) -> None:
     def degraded():
         c = condition(get(api, ns, "bad-gpus"), "Degraded")
         return c if c.get("status") == "True" else None
+
     c = wait_for(degraded, 30, "Degraded for the CEL violation")
     assert c["reason"] == "ReconcileFailed"
     assert "resources.gpus must be 0 (CPU) or at least runtime.tensorParallel" in c["message"]
@@ -174,17 +192,25 @@ def test_invalid_crs(api: Api, namespace: str, operator) -> None:
     wait_for(lambda: api.apps.list_namespaced_deployment(ns).items, 30, "Deployment after the fix")
 
 
-def test_autoscaler_owns_replicas_and_deleted_children_return(api: Api, namespace: str, operator, kubelet) -> None:
+def test_autoscaler_owns_replicas_and_deleted_children_return(
+    api: Api, namespace: str, operator, kubelet
+) -> None:
     ns = namespace
-    create(api, ns, "elastic", {"resources": {"gpus": 0},
-                                "autoscaling": {"mode": "operator", "minReplicas": 1, "maxReplicas": 3}})
+    create(
+        api,
+        ns,
+        "elastic",
+        {"resources": {"gpus": 0}, "autoscaling": {"mode": "operator", "minReplicas": 1, "maxReplicas": 3}},
+    )
     wait_for(ready_at(api, ns, "elastic", 1), 60, "Ready with the default single replica")
     dep = api.apps.read_namespaced_deployment("elastic", ns)
     ours = [m for m in dep.metadata.managed_fields if m.manager == FIELD_MANAGER]
     assert ours and all("f:replicas" not in (m.fields_v1 or {}).get("f:spec", {}) for m in ours)
-    # What kubectl scale, an HPA or the router do: write the CR's scale subresource; the autoscaling handlers carry spec.replicas to the
-    # Deployment under their own field manager.
-    api.custom.patch_namespaced_custom_object_scale(GROUP, VERSION, ns, PLURAL, "elastic", {"spec": {"replicas": 2}})
+    # What kubectl scale, an HPA or the router do: write the CR's scale subresource; the autoscaling
+    # handlers carry spec.replicas to the Deployment under their own field manager.
+    api.custom.patch_namespaced_custom_object_scale(
+        GROUP, VERSION, ns, PLURAL, "elastic", {"spec": {"replicas": 2}}
+    )
     wait_for(lambda: get(api, ns, "elastic")["status"].get("readyReplicas") == 2, 60, "2 ready replicas")
     patch_spec(api, ns, "elastic", {"runtime": {"dtype": "float32"}})  # a reconcile that rolls the pods
     wait_for(ready_at(api, ns, "elastic", 2), 90, "Ready at generation 2")

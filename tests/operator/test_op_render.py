@@ -28,14 +28,29 @@ MATRIX: dict[str, dict] = {
     "hf-emptydir": {"model": {"source": "hf://Qwen/Qwen3-0.6B@main"}},
     "hf-existing-pvc": {"model": {"source": "hf://Qwen/Qwen3-8B"}, "modelCache": {"pvc": "shared-models"}},
     "file": {"model": {"source": "file:///mnt/models/qwen3"}, "runtime": {"tensorParallel": 2}},
-    "tp8-explicit-gpus": {"runtime": {"tensorParallel": 8}, "resources": {"gpus": 8, "gpuResourceName": "amd.com/gpu"}},
-    "percent-rollout": {"rollout": {"maxSurge": "25%", "maxUnavailable": "25%"}, "disruption": {"minAvailable": "50%"}},
+    "tp8-explicit-gpus": {
+        "runtime": {"tensorParallel": 8},
+        "resources": {"gpus": 8, "gpuResourceName": "amd.com/gpu"},
+    },
+    "percent-rollout": {
+        "rollout": {"maxSurge": "25%", "maxUnavailable": "25%"},
+        "disruption": {"minAvailable": "50%"},
+    },
     "no-pdb": {"disruption": {"enabled": False}, "service": {"type": "LoadBalancer", "port": 8080}},
     "hpa": {"autoscaling": {"mode": "hpa", "minReplicas": 1, "maxReplicas": 3}},
-    "all-runtime-flags": {"runtime": {"maxRunningRequests": 8, "chunkedPrefillSize": 512, "pageSize": 32,
-                                      "memFraction": 0.5, "attentionBackend": "torch", "cudaGraphMaxBatch": 4,
-                                      "extraArgs": ["--enable-metrics"], "env": [{"name": "A", "value": "b"}]},
-                          "model": {"contextLength": 2048, "servedName": "tiny"}},
+    "all-runtime-flags": {
+        "runtime": {
+            "maxRunningRequests": 8,
+            "chunkedPrefillSize": 512,
+            "pageSize": 32,
+            "memFraction": 0.5,
+            "attentionBackend": "torch",
+            "cudaGraphMaxBatch": 4,
+            "extraArgs": ["--enable-metrics"],
+            "env": [{"name": "A", "value": "b"}],
+        },
+        "model": {"contextLength": 2048, "servedName": "tiny"},
+    },
 }
 CASES = {**{f"example-{k}": with_identity(v)["spec"] for k, v in example_crs().items()}, **MATRIX}
 
@@ -66,8 +81,16 @@ def test_children_properties(case: str) -> None:
     assert len(kinds["Deployment"]) == 1 and len(kinds["Service"]) == 2
     for child in children:
         owner = child["metadata"]["ownerReferences"]
-        assert owner == [{"apiVersion": "skiff.dev/v1alpha1", "kind": "InferenceService", "name": "demo",
-                          "uid": "0000-1111", "controller": True, "blockOwnerDeletion": True}]
+        assert owner == [
+            {
+                "apiVersion": "skiff.dev/v1alpha1",
+                "kind": "InferenceService",
+                "name": "demo",
+                "uid": "0000-1111",
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
         labels = child["metadata"]["labels"]
         assert labels[LABEL_ISVC] == "demo" and labels["app.kubernetes.io/managed-by"] == "skiff-operator"
         assert child["metadata"]["namespace"] == "ml"
@@ -99,25 +122,39 @@ def test_children_properties(case: str) -> None:
 
 def test_model_sources_map_to_volumes_and_download_steps() -> None:
     hf = by_kind(render(MATRIX["hf-emptydir"]))["Deployment"][0]["spec"]["template"]["spec"]
-    assert hf["initContainers"][0]["command"] == ["skiff", "download", "hf://Qwen/Qwen3-0.6B@main", "--dest",
-                                                  "/models/hf/Qwen/Qwen3-0.6B"]
+    assert hf["initContainers"][0]["command"] == [
+        "skiff",
+        "download",
+        "hf://Qwen/Qwen3-0.6B@main",
+        "--dest",
+        "/models/hf/Qwen/Qwen3-0.6B",
+    ]
     assert {"name": "model", "emptyDir": {}} in hf["volumes"]
     server = hf["containers"][0]
     assert server["command"][server["command"].index("--model") + 1] == "/models/hf/Qwen/Qwen3-0.6B"
     assert next(m for m in server["volumeMounts"] if m["name"] == "model")["readOnly"] is True
 
-    cached = render({"model": {"source": "hf://Qwen/Qwen3-8B", "tokenSecretRef": {"name": "hf"}},
-                     "modelCache": {"size": "40Gi", "storageClass": "fast"}})
+    cached = render(
+        {
+            "model": {"source": "hf://Qwen/Qwen3-8B", "tokenSecretRef": {"name": "hf"}},
+            "modelCache": {"size": "40Gi", "storageClass": "fast"},
+        }
+    )
     claim = by_kind(cached)["PersistentVolumeClaim"][0]
     assert claim["metadata"]["name"] == "demo-model-cache"
-    assert claim["spec"] == {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "40Gi"}},
-                             "storageClassName": "fast"}
+    assert claim["spec"] == {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": "40Gi"}},
+        "storageClassName": "fast",
+    }
     pod = by_kind(cached)["Deployment"][0]["spec"]["template"]["spec"]
     assert {"name": "model", "persistentVolumeClaim": {"claimName": "demo-model-cache"}} in pod["volumes"]
     token = next(e for e in pod["initContainers"][0]["env"] if e["name"] == "HF_TOKEN")
     assert token["valueFrom"]["secretKeyRef"] == {"name": "hf", "key": "token"}
 
-    pvc = by_kind(render({"model": {"source": "pvc://models/llama/70b"}}))["Deployment"][0]["spec"]["template"]
+    pvc = by_kind(render({"model": {"source": "pvc://models/llama/70b"}}))["Deployment"][0]["spec"][
+        "template"
+    ]
     vol = next(v for v in pvc["spec"]["volumes"] if v["name"] == "model")
     assert vol == {"name": "model", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}}
     cmd = pvc["spec"]["containers"][0]["command"]
@@ -134,10 +171,35 @@ def test_model_sources_map_to_volumes_and_download_steps() -> None:
 def test_serve_command_carries_every_runtime_option() -> None:
     spec = MATRIX["all-runtime-flags"]
     cmd = serve_command(isvc(spec), parse_spec(spec), None)
-    assert cmd == ["skiff", "serve", "--served-model-name", "tiny", "--tp", "1", "--host", "0.0.0.0",
-                   "--port", "8000", "--dtype", "auto", "--max-running-requests", "8", "--chunked-prefill-size",
-                   "512", "--page-size", "32", "--mem-fraction", "0.5", "--cuda-graph-max-bs", "4",
-                   "--context-length", "2048", "--attention-backend", "torch", "--enable-metrics"]
+    assert cmd == [
+        "skiff",
+        "serve",
+        "--served-model-name",
+        "tiny",
+        "--tp",
+        "1",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8000",
+        "--dtype",
+        "auto",
+        "--max-running-requests",
+        "8",
+        "--chunked-prefill-size",
+        "512",
+        "--page-size",
+        "32",
+        "--mem-fraction",
+        "0.5",
+        "--cuda-graph-max-bs",
+        "4",
+        "--context-length",
+        "2048",
+        "--attention-backend",
+        "torch",
+        "--enable-metrics",
+    ]
 
 
 def test_api_key_comes_from_the_secret() -> None:
@@ -164,7 +226,10 @@ def test_operator_settings_and_pdb_fallback() -> None:
     settings = OperatorSettings(default_image="registry.example/skiff:9", pdb_api_version="policy/v1beta1")
     kinds = by_kind(render({}, settings))
     assert kinds["PodDisruptionBudget"][0]["apiVersion"] == "policy/v1beta1"
-    assert kinds["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/skiff:9"
+    assert (
+        kinds["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]["image"]
+        == "registry.example/skiff:9"
+    )
 
 
 def test_autoscaler_hook_objects_are_appended(monkeypatch) -> None:
@@ -172,8 +237,13 @@ def test_autoscaler_hook_objects_are_appended(monkeypatch) -> None:
 
     def autoscaler_objects(body: dict) -> list[dict]:
         seen.append(body["metadata"]["name"])
-        return [{"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
-                 "metadata": {"name": body["metadata"]["name"], "namespace": "ml"}}]
+        return [
+            {
+                "apiVersion": "autoscaling/v2",
+                "kind": "HorizontalPodAutoscaler",
+                "metadata": {"name": body["metadata"]["name"], "namespace": "ml"},
+            }
+        ]
 
     package = types.ModuleType("skiff_operator.autoscaling")
     package.__path__ = []
@@ -188,7 +258,9 @@ def test_autoscaler_hook_objects_are_appended(monkeypatch) -> None:
 def test_golden_qwen3_8b() -> None:
     """The full rendering of one example, reviewed by eye; UPDATE_GOLDEN=1 rewrites it."""
     cr = with_identity(example_crs()["qwen3-8b"])
-    text = yaml.safe_dump_all(desired_children(cr, OperatorSettings(default_image="skiff:test")), sort_keys=True)
+    text = yaml.safe_dump_all(
+        desired_children(cr, OperatorSettings(default_image="skiff:test")), sort_keys=True
+    )
     path = GOLDEN / "qwen3-8b.yaml"
     if os.environ.get("UPDATE_GOLDEN") == "1":
         path.parent.mkdir(exist_ok=True)

@@ -14,25 +14,37 @@ def desired(body: dict) -> dict:
     return deployment(body, parse_spec(body["spec"]), OperatorSettings())
 
 
-def observed_dep(body: dict, ready: int, updated: int | None = None, total: int | None = None,
-                 synced: bool = True) -> dict:
+def observed_dep(
+    body: dict, ready: int, updated: int | None = None, total: int | None = None, synced: bool = True
+) -> dict:
     dep = desired(body)
     dep["metadata"]["generation"] = 3
     want = dep["spec"].get("replicas", 1)
-    dep["status"] = {"observedGeneration": 3 if synced else 2, "replicas": want if total is None else total,
-                     "readyReplicas": ready, "updatedReplicas": want if updated is None else updated}
+    dep["status"] = {
+        "observedGeneration": 3 if synced else 2,
+        "replicas": want if total is None else total,
+        "readyReplicas": ready,
+        "updatedReplicas": want if updated is None else updated,
+    }
     return dep
 
 
-def pod(digest: str, ready: bool, name: str = "p", init: dict | None = None, waiting: dict | None = None) -> dict:
+def pod(
+    digest: str, ready: bool, name: str = "p", init: dict | None = None, waiting: dict | None = None
+) -> dict:
     status: dict = {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
     if init is not None:
         status["initContainerStatuses"] = [{"name": "model-download", **init}]
     if ready:
         status["containerStatuses"] = [{"name": "server", "state": {"running": {}}}]
     if waiting is not None:
-        status["containerStatuses"] = [{"name": "server", "state": {"waiting": waiting},
-                                        "lastState": {"terminated": {"exitCode": 1, "message": "CUDA OOM"}}}]
+        status["containerStatuses"] = [
+            {
+                "name": "server",
+                "state": {"waiting": waiting},
+                "lastState": {"terminated": {"exitCode": 1, "message": "CUDA OOM"}},
+            }
+        ]
     return {"metadata": {"name": name, "labels": {LABEL_HASH: digest}}, "status": status}
 
 
@@ -50,8 +62,10 @@ def test_no_deployment_yet() -> None:
     c = conds(status)
     assert c["Ready"]["status"] == "False" and c["Ready"]["reason"] == "DeploymentMissing"
     assert c["Degraded"]["status"] == "False" and status["phase"] == "Pending"
-    assert status["observedGeneration"] == 1 and status["selector"] == \
-        "skiff.dev/inferenceservice=demo,skiff.dev/role=main"
+    assert (
+        status["observedGeneration"] == 1
+        and status["selector"] == "skiff.dev/inferenceservice=demo,skiff.dev/role=main"
+    )
     assert status["url"] == "http://demo.ml.svc.cluster.local/v1" and status["servedModel"] == "demo"
     assert [e.reason for e in events] == ["NotReady", "ModelReady"]
 
@@ -79,8 +93,18 @@ def test_ready_only_with_current_generation_pods() -> None:
 def test_model_failure_degrades_with_the_download_message_and_recovers() -> None:
     body = isvc({"model": {"source": "file:///models/missing"}})
     digest = desired(body)["metadata"]["annotations"][LABEL_HASH]
-    failed = pod(digest, False, init={"state": {"terminated": {
-        "exitCode": 1, "message": "skiff download: error: model not found: /models/missing does not exist"}}})
+    failed = pod(
+        digest,
+        False,
+        init={
+            "state": {
+                "terminated": {
+                    "exitCode": 1,
+                    "message": "skiff download: error: model not found: /models/missing does not exist",
+                }
+            }
+        },
+    )
     status, events = run(body, observed_dep(body, ready=0), [failed])
     c = conds(status)
     assert c["ModelReady"]["status"] == "False" and c["Degraded"]["status"] == "True"

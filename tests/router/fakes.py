@@ -48,8 +48,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def fake_backend(name: str, chunk_delay: float = 0.0, die_after_chunks: int | None = None,
-                 api_key: str | None = None) -> FastAPI:
+def fake_backend(
+    name: str, chunk_delay: float = 0.0, die_after_chunks: int | None = None, api_key: str | None = None
+) -> FastAPI:
     """Completions echo `<name>:<prompt>`; usage counts prompt words and max_tokens; streams emit max_tokens
     chunks `chunk_delay` apart (and stop dead after `die_after_chunks`, to play a crash)."""
     app = FastAPI()
@@ -70,22 +71,43 @@ def fake_backend(name: str, chunk_delay: float = 0.0, die_after_chunks: int | No
         prompt = body["messages"][-1]["content"] if chat else body.get("prompt", "")
         n = int(body.get("max_tokens") or 4)
         if not body.get("stream"):
-            choice = ({"index": 0, "message": {"role": "assistant", "content": f"{name}:{prompt}"},
-                       "finish_reason": "length"} if chat else
-                      {"index": 0, "text": f"{name}:{prompt}", "finish_reason": "length"})
-            return JSONResponse({"id": "x", "object": "chat.completion" if chat else "text_completion",
-                                 "created": 0, "model": body["model"], "choices": [choice],
-                                 "usage": usage(prompt, n)})
+            choice = (
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": f"{name}:{prompt}"},
+                    "finish_reason": "length",
+                }
+                if chat
+                else {"index": 0, "text": f"{name}:{prompt}", "finish_reason": "length"}
+            )
+            return JSONResponse(
+                {
+                    "id": "x",
+                    "object": "chat.completion" if chat else "text_completion",
+                    "created": 0,
+                    "model": body["model"],
+                    "choices": [choice],
+                    "usage": usage(prompt, n),
+                }
+            )
 
         async def events():
             for i in range(n):
                 if die_after_chunks is not None and i >= die_after_chunks:
                     raise RuntimeError("backend crashed")
                 await asyncio.sleep(chunk_delay)
-                choice = ({"index": 0, "delta": {"content": f"{name}{i} "}, "finish_reason": None} if chat else
-                          {"index": 0, "text": f"{name}{i} ", "finish_reason": None})
-                chunk = {"id": "x", "object": "chat.completion.chunk" if chat else "text_completion",
-                         "created": 0, "model": body["model"], "choices": [choice]}
+                choice = (
+                    {"index": 0, "delta": {"content": f"{name}{i} "}, "finish_reason": None}
+                    if chat
+                    else {"index": 0, "text": f"{name}{i} ", "finish_reason": None}
+                )
+                chunk = {
+                    "id": "x",
+                    "object": "chat.completion.chunk" if chat else "text_completion",
+                    "created": 0,
+                    "model": body["model"],
+                    "choices": [choice],
+                }
                 yield f"data: {json.dumps(chunk)}\n\n"
             if (body.get("stream_options") or {}).get("include_usage"):
                 yield f"data: {json.dumps({'id': 'x', 'choices': [], 'usage': usage(prompt, n)})}\n\n"

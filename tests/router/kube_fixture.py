@@ -48,9 +48,13 @@ def kube_api() -> Iterator:
             ext.create_custom_resource_definition(crd)
         for crd in crds:
             name = crd["metadata"]["name"]
-            wait_for(lambda name=name: any(c.type == "Established" and c.status == "True" for c in
-                                           ext.read_custom_resource_definition(name).status.conditions or []),
-                     what=f"CRD {name} established")
+            wait_for(
+                lambda name=name: any(
+                    c.type == "Established" and c.status == "True"
+                    for c in ext.read_custom_resource_definition(name).status.conditions or []
+                ),
+                what=f"CRD {name} established",
+            )
         yield client
     finally:
         cp.stop()

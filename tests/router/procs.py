@@ -21,8 +21,12 @@ class Proc:
         self._log = open(self.log_path, "wb")  # noqa: SIM115 (lives as long as the process)
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         env.pop("SKIFF_API_KEY", None)
-        self.proc = subprocess.Popen([sys.executable, "-m", "skiff.cli", *args, "--port", str(self.port)],
-                                     stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "skiff.cli", *args, "--port", str(self.port)],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
         self.address = f"127.0.0.1:{self.port}"
         self.url = f"http://{self.address}"
 
@@ -55,8 +59,24 @@ class Proc:
 
 def serve(name: str, *extra: str) -> Proc:
     """The embedded SmolLM2-135M on CPU with a small KV pool and one torch thread."""
-    return Proc(["serve", "--served-model-name", name, "--host", "127.0.0.1", "--log-level", "warning",
-                 "--cpu-kv-cache-gb", "0.25", "--num-tokenizers", "1", "--num-threads", "1", *extra])
+    return Proc(
+        [
+            "serve",
+            "--served-model-name",
+            name,
+            "--host",
+            "127.0.0.1",
+            "--log-level",
+            "warning",
+            "--cpu-kv-cache-gb",
+            "0.25",
+            "--num-tokenizers",
+            "1",
+            "--num-threads",
+            "1",
+            *extra,
+        ]
+    )
 
 
 def metric(url: str, name: str) -> float:

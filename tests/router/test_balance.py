@@ -74,8 +74,12 @@ def test_prefix_key_of_completions_and_chat():
     assert prefix_key({"prompt": "abcdef"}, 3) == "abc"
     assert prefix_key({"prompt": ["first", "second"]}, 10) == "first"
     assert prefix_key({"prompt": [1, 2, 3]}, 10) == "1,2,3"
-    chat = {"messages": [{"role": "system", "content": "be brief"},
-                         {"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
+    chat = {
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        ]
+    }
     assert prefix_key(chat, 100) == "system:be brief\nuser:hi\n"
     assert prefix_key(chat, 6) == "system"
 

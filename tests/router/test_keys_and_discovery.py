@@ -56,10 +56,16 @@ def test_tpm_counts_charged_usage():
     assert headers["x-ratelimit-remaining-tokens"] == "50"
 
 
-@pytest.mark.parametrize("header,required,status", [
-    (None, True, 401), ("Basic abc", False, 401), ("Bearer", True, 401), ("Bearer nope", True, 401),
-    ("Bearer sk-a", True, 403),
-])
+@pytest.mark.parametrize(
+    "header,required,status",
+    [
+        (None, True, 401),
+        ("Basic abc", False, 401),
+        ("Bearer", True, 401),
+        ("Bearer nope", True, 401),
+        ("Bearer sk-a", True, 403),
+    ],
+)
 def test_refusals(header, required, status):
     store, _ = store_with(ApiKey("a", "sk-a", models=frozenset({"other"})))
     with pytest.raises(AuthError) as e:
@@ -75,7 +81,8 @@ def test_open_model_accepts_anonymous_and_placeholder_keys():
 
 def test_key_fields_are_validated():
     assert ApiKey.from_fields("k", {"key": "s", "models": "a, b", "rpm": "5"}) == ApiKey(
-        "k", "s", frozenset({"a", "b"}), 5, None)
+        "k", "s", frozenset({"a", "b"}), 5, None
+    )
     for bad in ({"models": "*"}, {"key": "s", "rpm": "-1"}, {"key": "s", "tpm": "lots"}):
         with pytest.raises(ValueError):
             ApiKey.from_fields("k", bad)
@@ -87,28 +94,46 @@ def b64(s: str) -> str:
 
 def test_kubernetes_objects_to_pools_and_keys():
     isvcs = [
-        {"metadata": {"name": "smol", "namespace": "ml"},
-         "spec": {"model": {"servedName": "smol-chat"}, "routing": {"strategy": "leastRequests", "prefixChars": 64},
-                  "replicas": 0, "apiKeySecretRef": {"name": "smol-pod-key", "key": "token"}}},
+        {
+            "metadata": {"name": "smol", "namespace": "ml"},
+            "spec": {
+                "model": {"servedName": "smol-chat"},
+                "routing": {"strategy": "leastRequests", "prefixChars": 64},
+                "replicas": 0,
+                "apiKeySecretRef": {"name": "smol-pod-key", "key": "token"},
+            },
+        },
         {"metadata": {"name": "big", "namespace": "ml"}, "spec": {}},
     ]
     slices = [
-        {"metadata": {"namespace": "ml", "labels": {"skiff.dev/inferenceservice": "big"}},
-         "ports": [{"name": "http", "port": 8000}],
-         "endpoints": [{"addresses": ["10.1.0.5"], "conditions": {"ready": True}},
-                       {"addresses": ["10.1.0.6"], "conditions": {"ready": False}},
-                       {"addresses": ["10.1.0.7"], "conditions": {"ready": True, "terminating": True}},
-                       {"addresses": ["fd00::1"]}]},
+        {
+            "metadata": {"namespace": "ml", "labels": {"skiff.dev/inferenceservice": "big"}},
+            "ports": [{"name": "http", "port": 8000}],
+            "endpoints": [
+                {"addresses": ["10.1.0.5"], "conditions": {"ready": True}},
+                {"addresses": ["10.1.0.6"], "conditions": {"ready": False}},
+                {"addresses": ["10.1.0.7"], "conditions": {"ready": True, "terminating": True}},
+                {"addresses": ["fd00::1"]},
+            ],
+        },
         # the headless Service's slice lists the same pods: deduplicated
-        {"metadata": {"namespace": "ml", "labels": {"skiff.dev/inferenceservice": "big"}},
-         "ports": [{"name": "http", "port": 8000}], "endpoints": [{"addresses": ["10.1.0.5"]}]},
-        {"metadata": {"namespace": "other", "labels": {"skiff.dev/inferenceservice": "big"}},
-         "ports": [{"port": 9}], "endpoints": [{"addresses": ["10.9.9.9"]}]},
+        {
+            "metadata": {"namespace": "ml", "labels": {"skiff.dev/inferenceservice": "big"}},
+            "ports": [{"name": "http", "port": 8000}],
+            "endpoints": [{"addresses": ["10.1.0.5"]}],
+        },
+        {
+            "metadata": {"namespace": "other", "labels": {"skiff.dev/inferenceservice": "big"}},
+            "ports": [{"port": 9}],
+            "endpoints": [{"addresses": ["10.9.9.9"]}],
+        },
     ]
     secrets = [
         {"metadata": {"name": "smol-pod-key", "namespace": "ml"}, "data": {"token": b64("sk-pod\n")}},
-        {"metadata": {"name": "alice", "namespace": "ml", "labels": {"skiff.dev/api-key": "true"}},
-         "data": {"key": b64("sk-alice"), "models": b64("smol-chat"), "tpm": b64("1000")}},
+        {
+            "metadata": {"name": "alice", "namespace": "ml", "labels": {"skiff.dev/api-key": "true"}},
+            "data": {"key": b64("sk-alice"), "models": b64("smol-chat"), "tpm": b64("1000")},
+        },
         {"metadata": {"name": "broken", "namespace": "ml", "labels": {"skiff.dev/api-key": ""}}, "data": {}},
     ]
     smol, big = pools_from_objects(isvcs, slices, secrets)
@@ -157,8 +182,12 @@ def test_router_counts_its_ready_peers():
     from skiff.router.kube import KubeSource
 
     def slice_(*ready: bool) -> dict:
-        return {"ports": [{"name": "http", "port": 8080}],
-                "endpoints": [{"addresses": [f"10.0.0.{i}"], "conditions": {"ready": r}} for i, r in enumerate(ready)]}
+        return {
+            "ports": [{"name": "http", "port": 8080}],
+            "endpoints": [
+                {"addresses": [f"10.0.0.{i}"], "conditions": {"ready": r}} for i, r in enumerate(ready)
+            ],
+        }
 
     class Custom:
         def list_namespaced_custom_object(self, group, version, namespace, plural, label_selector):

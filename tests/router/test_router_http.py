@@ -71,11 +71,17 @@ def env(tmp_path):
 def test_routes_by_model_and_lists_models(env):
     e = env()
     a, b = e.backend("A"), e.backend("B")
-    e.write([{"name": "svc-a", "models": ["model-a"], "endpoints": [a.address]},
-             {"name": "svc-b", "models": ["model-b"], "endpoints": [b.address]}])
+    e.write(
+        [
+            {"name": "svc-a", "models": ["model-a"], "endpoints": [a.address]},
+            {"name": "svc-b", "models": ["model-b"], "endpoints": [b.address]},
+        ]
+    )
     c = e.client()
     assert c.completions.create(model="model-a", prompt="hi", max_tokens=2).choices[0].text == "A:hi"
-    chat = c.chat.completions.create(model="model-b", messages=[{"role": "user", "content": "yo"}], max_tokens=2)
+    chat = c.chat.completions.create(
+        model="model-b", messages=[{"role": "user", "content": "yo"}], max_tokens=2
+    )
     assert chat.choices[0].message.content == "B:yo"
     assert sorted(m.id for m in c.models.list().data) == ["model-a", "model-b"]
     assert e.metric("skiff_router_routed_total", model="model-a") == 1
@@ -88,7 +94,9 @@ def test_unknown_model_is_404_and_bad_bodies_are_400(env):
     with pytest.raises(openai.NotFoundError) as err:
         e.client().completions.create(model="nope", prompt="x", max_tokens=1)
     assert err.value.body["code"] == "model_not_found"
-    r = httpx.post(e.url + "/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    r = httpx.post(
+        e.url + "/v1/completions", content=b"{not json", headers={"content-type": "application/json"}
+    )
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
     r = httpx.post(e.url + "/v1/completions", json={"prompt": "x"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "missing_model"
@@ -107,9 +115,15 @@ def test_stream_passes_through_unbuffered_and_strips_injected_usage(env):
     assert arrivals[-1] - arrivals[0] > 0.6  # chunks arrived as made (0.3 s apart), not all at the end
     assert e.metric("skiff_router_tokens_total", model="m", kind="completion") == 4
     # a client that asks for usage gets it
-    chunks = list(e.client().chat.completions.create(model="m", messages=[{"role": "user", "content": "a b"}],
-                                                     max_tokens=2, stream=True,
-                                                     stream_options={"include_usage": True}))
+    chunks = list(
+        e.client().chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "a b"}],
+            max_tokens=2,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[-1].usage.total_tokens == 4
 
 
@@ -132,8 +146,11 @@ def test_mid_stream_failure_is_not_retried(env):
     e.write([{"name": "svc", "models": ["m"], "endpoints": [a.address, b.address], "strategy": "roundRobin"}])
     seen_error = False
     for _ in range(2):
-        with httpx.stream("POST", e.url + "/v1/completions",
-                          json={"model": "m", "prompt": "x", "max_tokens": 5, "stream": True}) as r:
+        with httpx.stream(
+            "POST",
+            e.url + "/v1/completions",
+            json={"model": "m", "prompt": "x", "max_tokens": 5, "stream": True},
+        ) as r:
             body = r.read().decode()
         if "upstream_failed" in body:
             seen_error = True
@@ -148,11 +165,17 @@ def test_held_request_completes_after_scale_up(env):
     results: dict[str, object] = {}
 
     def plain():
-        results["plain"] = e.client().completions.create(model="m", prompt="held", max_tokens=1).choices[0].text
+        results["plain"] = (
+            e.client().completions.create(model="m", prompt="held", max_tokens=1).choices[0].text
+        )
 
     def streamed():
-        with httpx.stream("POST", e.url + "/v1/completions", timeout=30,
-                          json={"model": "m", "prompt": "s", "max_tokens": 2, "stream": True}) as r:
+        with httpx.stream(
+            "POST",
+            e.url + "/v1/completions",
+            timeout=30,
+            json={"model": "m", "prompt": "s", "max_tokens": 2, "stream": True},
+        ) as r:
             results["status"] = r.status_code
             results["lines"] = list(r.iter_lines())
 
@@ -183,22 +206,31 @@ def test_hold_cap_and_timeout_answer_503_with_retry_after(env):
     e = env(hold_cap=1, hold_timeout=4, retry_after=7)  # slack: the cap check must land inside the hold
     e.write([{"name": "svc", "models": ["m"], "replicas": 0}])
     first: dict[str, httpx.Response] = {}
-    t = threading.Thread(target=lambda: first.setdefault(
-        "r", httpx.post(e.url + "/v1/completions", json={"model": "m", "prompt": "x"}, timeout=10)))
+    t = threading.Thread(
+        target=lambda: first.setdefault(
+            "r", httpx.post(e.url + "/v1/completions", json={"model": "m", "prompt": "x"}, timeout=10)
+        )
+    )
     t.start()
     while e.metric("skiff_router_held", model="m") < 1:
         time.sleep(0.02)
     over = httpx.post(e.url + "/v1/completions", json={"model": "m", "prompt": "y"}, timeout=10)
     assert over.status_code == 503 and over.headers["retry-after"] == "7"
     assert over.json()["error"]["code"] == "hold_cap"
-    over_stream = httpx.post(e.url + "/v1/completions", json={"model": "m", "prompt": "y", "stream": True}, timeout=10)
+    over_stream = httpx.post(
+        e.url + "/v1/completions", json={"model": "m", "prompt": "y", "stream": True}, timeout=10
+    )
     assert over_stream.status_code == 503 and over_stream.headers["retry-after"] == "7"  # a real 503, not SSE
     t.join(timeout=10)
     assert first["r"].status_code == 503 and first["r"].headers["retry-after"] == "7"
     assert first["r"].json()["error"]["code"] == "hold_timeout"
     # streamed: 200 with progress comments, then an error event once the timeout passes
-    with httpx.stream("POST", e.url + "/v1/chat/completions", timeout=10,
-                      json={"model": "m", "messages": [{"role": "user", "content": "z"}], "stream": True}) as r:
+    with httpx.stream(
+        "POST",
+        e.url + "/v1/chat/completions",
+        timeout=10,
+        json={"model": "m", "messages": [{"role": "user", "content": "z"}], "stream": True},
+    ) as r:
         body = r.read().decode()
     assert '"code": "hold_timeout"' in body and body.rstrip().endswith("data: [DONE]")
     assert e.metric("skiff_router_rejected_total", model="m", reason="hold_timeout") == 2
@@ -207,10 +239,16 @@ def test_hold_cap_and_timeout_answer_503_with_retry_after(env):
 def test_api_keys_allowed_models_and_quotas(env):
     e = env(require_api_key=True)
     a = e.backend("A")
-    e.write([{"name": "svc-a", "models": ["a"], "endpoints": [a.address]},
-             {"name": "svc-b", "models": ["b"], "endpoints": [a.address]}],
-            keys=[{"name": "alice", "key": "sk-alice", "models": ["a"], "rpm": 2},
-                  {"name": "bob", "key": "sk-bob", "tpm": 10}])
+    e.write(
+        [
+            {"name": "svc-a", "models": ["a"], "endpoints": [a.address]},
+            {"name": "svc-b", "models": ["b"], "endpoints": [a.address]},
+        ],
+        keys=[
+            {"name": "alice", "key": "sk-alice", "models": ["a"], "rpm": 2},
+            {"name": "bob", "key": "sk-bob", "tpm": 10},
+        ],
+    )
     with pytest.raises(openai.AuthenticationError):
         e.client("sk-wrong").completions.create(model="a", prompt="x", max_tokens=1)
     r = httpx.post(e.url + "/v1/completions", json={"model": "a", "prompt": "x"})
@@ -238,11 +276,22 @@ def test_api_keys_allowed_models_and_quotas(env):
 def test_pod_api_key_is_sent_upstream_and_makes_the_model_key_only(env):
     e = env()
     open_backend, private_backend = e.backend("O"), e.backend("P", api_key="sk-pod")
-    e.write([{"name": "open", "models": ["open"], "endpoints": [open_backend.address]},
-             {"name": "private", "models": ["private"], "endpoints": [private_backend.address], "apiKey": "sk-pod"}],
-            keys=[{"name": "team", "key": "sk-team", "models": ["private"], "rpm": 100}])
+    e.write(
+        [
+            {"name": "open", "models": ["open"], "endpoints": [open_backend.address]},
+            {
+                "name": "private",
+                "models": ["private"],
+                "endpoints": [private_backend.address],
+                "apiKey": "sk-pod",
+            },
+        ],
+        keys=[{"name": "team", "key": "sk-team", "models": ["private"], "rpm": 100}],
+    )
     assert e.client().completions.create(model="open", prompt="x", max_tokens=1).choices[0].text == "O:x"
-    with pytest.raises(openai.AuthenticationError):  # anonymous (placeholder key) may not use the private model
+    with pytest.raises(
+        openai.AuthenticationError
+    ):  # anonymous (placeholder key) may not use the private model
         e.client().completions.create(model="private", prompt="x", max_tokens=1)
     for key in ("sk-team", "sk-pod"):  # a router key allowing it, or the pods' own key
         out = e.client(key).completions.create(model="private", prompt="y", max_tokens=1)

@@ -32,35 +32,74 @@ def b64(text: str) -> str:
 
 
 def isvc(name: str, replicas: int, **spec) -> dict:
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "InferenceService", "metadata": {"name": name},
-            "spec": {"model": {"source": "hf://org/smol"}, "replicas": replicas, **spec}}
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "InferenceService",
+        "metadata": {"name": name},
+        "spec": {"model": {"source": "hf://org/smol"}, "replicas": replicas, **spec},
+    }
 
 
 def serve_pod(core, name: str, port: int, ip: str) -> None:
     """A Service labelled for the InferenceService and one Ready pod behind it (the kubelet's part, played)."""
     labels = {"skiff.dev/inferenceservice": name}
-    core.create_namespaced_service(NS, {
-        "metadata": {"name": name, "labels": labels},
-        "spec": {"selector": {"app": name}, "ports": [{"name": "http", "port": 80, "targetPort": "http"}]}})
+    core.create_namespaced_service(
+        NS,
+        {
+            "metadata": {"name": name, "labels": labels},
+            "spec": {
+                "selector": {"app": name},
+                "ports": [{"name": "http", "port": 80, "targetPort": "http"}],
+            },
+        },
+    )
     if not core.list_node(field_selector="metadata.name=node-1").items:
         core.create_node({"metadata": {"name": "node-1"}})
-    core.create_namespaced_pod(NS, {
-        "metadata": {"name": f"{name}-0", "labels": {"app": name}},
-        "spec": {"automountServiceAccountToken": False, "nodeName": "node-1",
-                 "containers": [{"name": "server", "image": "skiff", "ports": [{"name": "http", "containerPort": port}]}]}})
-    core.patch_namespaced_pod_status(f"{name}-0", NS, {"status": {
-        "phase": "Running", "podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}})
+    core.create_namespaced_pod(
+        NS,
+        {
+            "metadata": {"name": f"{name}-0", "labels": {"app": name}},
+            "spec": {
+                "automountServiceAccountToken": False,
+                "nodeName": "node-1",
+                "containers": [
+                    {"name": "server", "image": "skiff", "ports": [{"name": "http", "containerPort": port}]}
+                ],
+            },
+        },
+    )
+    core.patch_namespaced_pod_status(
+        f"{name}-0",
+        NS,
+        {"status": {"phase": "Running", "podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}},
+    )
 
 
 def test_discovery_keys_and_scale_from_zero_on_a_real_api(kube):
     core, custom = kubernetes.client.CoreV1Api(kube), kubernetes.client.CustomObjectsApi(kube)
-    core.create_namespaced_secret(NS, {"metadata": {"name": "smol-pod-key"}, "data": {"token": b64("sk-pod")}})
-    core.create_namespaced_secret(NS, {"metadata": {"name": "alice", "labels": {"skiff.dev/api-key": "true"}},
-                                       "data": {"key": b64("sk-alice"), "models": b64("chat"), "rpm": b64("100")}})
-    custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, isvc(
-        "smol", 1, model={"source": "hf://org/smol", "servedName": "chat"},
-        routing={"strategy": "leastRequests", "prefixChars": 64},
-        apiKeySecretRef={"name": "smol-pod-key", "key": "token"}))
+    core.create_namespaced_secret(
+        NS, {"metadata": {"name": "smol-pod-key"}, "data": {"token": b64("sk-pod")}}
+    )
+    core.create_namespaced_secret(
+        NS,
+        {
+            "metadata": {"name": "alice", "labels": {"skiff.dev/api-key": "true"}},
+            "data": {"key": b64("sk-alice"), "models": b64("chat"), "rpm": b64("100")},
+        },
+    )
+    custom.create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        NS,
+        PLURAL,
+        isvc(
+            "smol",
+            1,
+            model={"source": "hf://org/smol", "servedName": "chat"},
+            routing={"strategy": "leastRequests", "prefixChars": 64},
+            apiKeySecretRef={"name": "smol-pod-key", "key": "token"},
+        ),
+    )
     custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, isvc("cold", 0))
     serve_pod(core, "smol", 8000, "192.0.2.10")
     source = KubeSource(namespaces=(NS,), interval=0.3, kubeconfig=os.environ["SKIFF_TEST_KUBECONFIG"])
@@ -69,17 +108,25 @@ def test_discovery_keys_and_scale_from_zero_on_a_real_api(kube):
     url = f"http://{router.address}"
     registry = app.state.router.registry
     try:
-        wait_for(lambda: registry.lookup("chat") and registry.lookup("chat").endpoints, timeout=60,
-                 what="the EndpointSlice of smol's ready pod")
+        wait_for(
+            lambda: registry.lookup("chat") and registry.lookup("chat").endpoints,
+            timeout=60,
+            what="the EndpointSlice of smol's ready pod",
+        )
         pool = registry.lookup("chat")
         assert [e.address for e in pool.endpoints] == ["192.0.2.10:8000"]
-        assert (pool.spec.strategy, pool.spec.prefix_chars, pool.spec.upstream_key) == ("leastRequests", 64, "sk-pod")
+        assert (pool.spec.strategy, pool.spec.prefix_chars, pool.spec.upstream_key) == (
+            "leastRequests",
+            64,
+            "sk-pod",
+        )
         assert sorted(m["id"] for m in httpx.get(url + "/v1/models").json()["data"]) == ["chat", "cold"]
         alice = openai.OpenAI(base_url=url + "/v1", api_key="sk-alice", max_retries=0, timeout=30)
         assert [m.id for m in alice.models.list().data] == ["chat"]
         with pytest.raises(openai.AuthenticationError):  # the pods have a key: the model is key-only
             openai.OpenAI(base_url=url + "/v1", api_key="EMPTY", max_retries=0).completions.create(
-                model="chat", prompt="hi", max_tokens=1)
+                model="chat", prompt="hi", max_tokens=1
+            )
         with pytest.raises(openai.PermissionDeniedError):
             alice.completions.create(model="cold", prompt="hi", max_tokens=1)
         with pytest.raises(openai.NotFoundError):
@@ -87,11 +134,20 @@ def test_discovery_keys_and_scale_from_zero_on_a_real_api(kube):
 
         # a model at zero: the request is held, the router sets /scale to 1; no replica comes: 503 + Retry-After
         out: dict[str, httpx.Response] = {}
-        t = threading.Thread(target=lambda: out.setdefault("r", httpx.post(
-            url + "/v1/completions", json={"model": "cold", "prompt": "wake"}, timeout=60)))
+        t = threading.Thread(
+            target=lambda: out.setdefault(
+                "r", httpx.post(url + "/v1/completions", json={"model": "cold", "prompt": "wake"}, timeout=60)
+            )
+        )
         t.start()
-        wait_for(lambda: custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "cold")["spec"]["replicas"]
-                 == 1, timeout=30, what="scale from zero through /scale")
+        wait_for(
+            lambda: (
+                custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "cold")["spec"]["replicas"]
+                == 1
+            ),
+            timeout=30,
+            what="scale from zero through /scale",
+        )
         t.join(timeout=30)
         assert out["r"].status_code == 503 and out["r"].headers["retry-after"] == "9"
         # the Secret changes: a rotated key is picked up, the old one stops working

@@ -18,8 +18,10 @@ from procs import Proc, metric, serve
 
 pytestmark = pytest.mark.timeout(600)
 BOOT = 400.0
-SYSTEM = ("You are a careful assistant for a shipping company. Answer questions about parcels, tracking "
-          "numbers, customs forms and delivery windows. Keep answers short and polite. ")
+SYSTEM = (
+    "You are a careful assistant for a shipping company. Answer questions about parcels, tracking "
+    "numbers, customs forms and delivery windows. Keep answers short and polite. "
+)
 
 
 class Cluster:
@@ -31,8 +33,23 @@ class Cluster:
         self.keys = [{"name": "tenant", "key": "sk-tenant", "models": ["smol"], "rpm": 1000, "tpm": 60}]
         self.set("smol", endpoints=[self.a.address, self.b.address], strategy="prefixHash", prefixChars=96)
         self.set("smol-alt", endpoints=[], replicas=0, apiKey="sk-pod-c")
-        self.router = Proc(["router", "--static", str(self.file), "--host", "127.0.0.1", "--hold-timeout", "500",
-                            "--keepalive-interval", "1", "--refresh-interval", "0.2", "--log-level", "warning"])
+        self.router = Proc(
+            [
+                "router",
+                "--static",
+                str(self.file),
+                "--host",
+                "127.0.0.1",
+                "--hold-timeout",
+                "500",
+                "--keepalive-interval",
+                "1",
+                "--refresh-interval",
+                "0.2",
+                "--log-level",
+                "warning",
+            ]
+        )
 
     def set(self, model: str, **fields) -> None:
         self.services[model] = {"name": model, "models": [model], **self.services.get(model, {}), **fields}
@@ -66,14 +83,23 @@ def test_held_requests_complete_once_a_backend_starts(cluster):
     out: dict[str, object] = {}
 
     def plain():
-        out["plain"] = c.client("sk-pod-c").completions.create(model="smol-alt", prompt="The sky is",
-                                                               max_tokens=2, temperature=0)
+        out["plain"] = c.client("sk-pod-c").completions.create(
+            model="smol-alt", prompt="The sky is", max_tokens=2, temperature=0
+        )
 
     def streamed():
-        with httpx.stream("POST", c.router.url + "/v1/chat/completions", timeout=BOOT,
-                          headers={"authorization": "Bearer sk-pod-c"},
-                          json={"model": "smol-alt", "messages": [{"role": "user", "content": "Hi"}],
-                                "max_tokens": 2, "stream": True}) as r:
+        with httpx.stream(
+            "POST",
+            c.router.url + "/v1/chat/completions",
+            timeout=BOOT,
+            headers={"authorization": "Bearer sk-pod-c"},
+            json={
+                "model": "smol-alt",
+                "messages": [{"role": "user", "content": "Hi"}],
+                "max_tokens": 2,
+                "stream": True,
+            },
+        ) as r:
             out["lines"] = list(r.iter_lines())
 
     threads = [threading.Thread(target=plain), threading.Thread(target=streamed)]
@@ -97,11 +123,13 @@ def test_held_requests_complete_once_a_backend_starts(cluster):
 def test_routes_by_model_with_real_backends(cluster):
     c = cluster
     assert sorted(m.id for m in c.client().models.list().data) == ["smol", "smol-alt"]
-    raw = c.client().completions.with_raw_response.create(model="smol", prompt="One, two,", max_tokens=2,
-                                                          temperature=0)
+    raw = c.client().completions.with_raw_response.create(
+        model="smol", prompt="One, two,", max_tokens=2, temperature=0
+    )
     assert raw.headers["x-skiff-backend"] in (c.a.address, c.b.address)
-    alt = c.client("sk-pod-c").completions.with_raw_response.create(model="smol-alt", prompt="One, two,",
-                                                                    max_tokens=2, temperature=0)
+    alt = c.client("sk-pod-c").completions.with_raw_response.create(
+        model="smol-alt", prompt="One, two,", max_tokens=2, temperature=0
+    )
     assert alt.headers["x-skiff-backend"] == c.c.address
     assert alt.parse().choices[0].text == raw.parse().choices[0].text  # same model, greedy: same tokens
     with pytest.raises(openai.NotFoundError):
@@ -126,16 +154,27 @@ def test_tokens_per_minute_counted_from_real_usage(cluster):
 def cache_hit_fraction(c: Cluster, strategy: str, tag: str) -> float:
     """Cached prompt tokens / prompt tokens over A and B for a shared-prefix workload under `strategy`."""
     c.set("smol", strategy=strategy)
-    before = [(metric(p.url, "sglang:cached_tokens_total"), metric(p.url, "sglang:prompt_tokens_total"))
-              for p in (c.a, c.b)]
+    before = [
+        (metric(p.url, "sglang:cached_tokens_total"), metric(p.url, "sglang:prompt_tokens_total"))
+        for p in (c.a, c.b)
+    ]
     client = c.client()
     for group in range(2):  # two tenants, each with its own long system prompt, three questions each
         prefix = f"[{tag} tenant {group}] " + SYSTEM
         for q in range(3):
-            client.chat.completions.create(model="smol", max_tokens=1, temperature=0, messages=[
-                {"role": "system", "content": prefix}, {"role": "user", "content": f"Question {q}: where is it?"}])
-    after = [(metric(p.url, "sglang:cached_tokens_total"), metric(p.url, "sglang:prompt_tokens_total"))
-             for p in (c.a, c.b)]
+            client.chat.completions.create(
+                model="smol",
+                max_tokens=1,
+                temperature=0,
+                messages=[
+                    {"role": "system", "content": prefix},
+                    {"role": "user", "content": f"Question {q}: where is it?"},
+                ],
+            )
+    after = [
+        (metric(p.url, "sglang:cached_tokens_total"), metric(p.url, "sglang:prompt_tokens_total"))
+        for p in (c.a, c.b)
+    ]
     cached = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
     prompt = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
     return cached / prompt

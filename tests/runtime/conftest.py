@@ -81,8 +81,9 @@ def hf_smollm(embedded_path):
     """HF transformers' own loading of the same GGUF file: the reference."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(embedded_path.parent), gguf_file=embedded_path.name,
-                                                 dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(embedded_path.parent), gguf_file=embedded_path.name, dtype=torch.float32
+    )
     return model.eval()
 
 

@@ -18,10 +18,23 @@ def tiny(tiny_llama_dir, llm_factory_module):
     return llm_factory_module(tiny_llama_dir, max_total_tokens=2048, context_length=128)
 
 
-@pytest.mark.parametrize("bad", [dict(max_tokens=0), dict(max_tokens=-3), dict(temperature=-0.5),
-                                 dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-2), dict(min_p=2.0),
-                                 dict(repetition_penalty=0.0), dict(presence_penalty=5.0),
-                                 dict(top_logprobs=50), dict(stop_token_ids=[-1]), dict(seed="x")])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(max_tokens=0),
+        dict(max_tokens=-3),
+        dict(temperature=-0.5),
+        dict(top_p=0.0),
+        dict(top_p=1.5),
+        dict(top_k=-2),
+        dict(min_p=2.0),
+        dict(repetition_penalty=0.0),
+        dict(presence_penalty=5.0),
+        dict(top_logprobs=50),
+        dict(stop_token_ids=[-1]),
+        dict(seed="x"),
+    ],
+)
 def test_bad_sampling_params(bad):
     key = next(iter(bad))
     with pytest.raises(InvalidRequest, match=key):
@@ -69,6 +82,7 @@ def test_bad_request_in_a_batch_loses_nothing(tiny):
 
 
 # ---------------------------------------------------------------------------------------------- bad models
+
 
 def test_unknown_model_path(tmp_path):
     missing = tmp_path / "no-such-model"

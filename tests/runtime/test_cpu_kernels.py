@@ -38,7 +38,11 @@ def test_rms_norm_on_strided_rows_and_heads(k) -> None:
 
 def test_add_rms_norm_updates_both_in_place(k) -> None:
     g = torch.Generator().manual_seed(1)
-    x, r, w = torch.randn(5, 576, generator=g), torch.randn(5, 576, generator=g), torch.randn(576, generator=g)
+    x, r, w = (
+        torch.randn(5, 576, generator=g),
+        torch.randn(5, 576, generator=g),
+        torch.randn(576, generator=g),
+    )
     xs, rs = x.clone(), r.clone()
     k.add_rms_norm_(xs, rs, w, 1e-5)
     torch.testing.assert_close(rs, x + r)
@@ -81,13 +85,21 @@ def test_argmax_rows_takes_the_first_maximum(k) -> None:
     assert torch.equal(k.argmax_rows(x[:, 1000:2000]), x[:, 1000:2000].argmax(dim=-1))
 
 
-@pytest.mark.parametrize(("page_size", "hq", "hkv", "head_dim", "kv_dtype"), [
-    (16, 9, 3, 64, torch.float32), (1, 4, 4, 64, torch.float32), (256, 8, 1, 128, torch.float32),
-    (7, 6, 2, 48, torch.float32), (16, 9, 3, 64, torch.float16), (5, 8, 2, 128, torch.bfloat16),
-    (3, 4, 2, 40, torch.float16),
-])
-def test_paged_decode_attention_matches_sdpa(k, page_size: int, hq: int, hkv: int, head_dim: int,
-                                             kv_dtype: torch.dtype) -> None:
+@pytest.mark.parametrize(
+    ("page_size", "hq", "hkv", "head_dim", "kv_dtype"),
+    [
+        (16, 9, 3, 64, torch.float32),
+        (1, 4, 4, 64, torch.float32),
+        (256, 8, 1, 128, torch.float32),
+        (7, 6, 2, 48, torch.float32),
+        (16, 9, 3, 64, torch.float16),
+        (5, 8, 2, 128, torch.bfloat16),
+        (3, 4, 2, 40, torch.float16),
+    ],
+)
+def test_paged_decode_attention_matches_sdpa(
+    k, page_size: int, hq: int, hkv: int, head_dim: int, kv_dtype: torch.dtype
+) -> None:
     g = torch.Generator().manual_seed(4)
     lens = torch.tensor([1, page_size, page_size + 1, 37, 333])
     batch, max_pages = len(lens), int(-(-lens.max() // page_size))
@@ -99,16 +111,26 @@ def test_paged_decode_attention_matches_sdpa(k, page_size: int, hq: int, hkv: in
     out = k.paged_decode_attention(q, kc, vc, table, lens, page_size, head_dim**-0.5)
     for b in range(batch):
         slots = (table[b].unsqueeze(1) * page_size + torch.arange(page_size)).reshape(-1)[: lens[b]]
-        want = F.scaled_dot_product_attention(q[b].unsqueeze(1), kc[slots].float().transpose(0, 1),
-                                              vc[slots].float().transpose(0, 1), enable_gqa=True).squeeze(1)
+        want = F.scaled_dot_product_attention(
+            q[b].unsqueeze(1),
+            kc[slots].float().transpose(0, 1),
+            vc[slots].float().transpose(0, 1),
+            enable_gqa=True,
+        ).squeeze(1)
         torch.testing.assert_close(out[b], want, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize(("rows", "k_dim", "n"), [(1, 576, 960), (2, 64, 8), (5, 100, 7), (16, 1536, 576), (33, 33, 13)])
+@pytest.mark.parametrize(
+    ("rows", "k_dim", "n"), [(1, 576, 960), (2, 64, 8), (5, 100, 7), (16, 1536, 576), (33, 33, 13)]
+)
 def test_int8_linear_is_exactly_its_integer_arithmetic(k, rows: int, k_dim: int, n: int) -> None:
     """Against the same quantization done in torch: 7-bit activation codes per row, 8-bit weights per channel."""
     g = torch.Generator().manual_seed(rows)
-    x, w, b = torch.randn(rows, k_dim, generator=g), torch.randn(n, k_dim, generator=g) * 0.05, torch.randn(n, generator=g)
+    x, w, b = (
+        torch.randn(rows, k_dim, generator=g),
+        torch.randn(n, k_dim, generator=g) * 0.05,
+        torch.randn(n, generator=g),
+    )
     x[0] = 0.0  # an all-zero row must come out as the bias, not as NaN
     packed, scale, colsum = k.int8_pack_weight(w)
     w_amax = w.abs().amax(1)
@@ -118,9 +140,12 @@ def test_int8_linear_is_exactly_its_integer_arithmetic(k, rows: int, k_dim: int,
     x_amax = x.abs().amax(1)
     xq = (x * torch.where(x_amax > 0, 63.0 / x_amax, 0.0)[:, None]).round()
     want = (xq.double() @ wq.double().t()) * (x_amax / 63).double()[:, None] * scale.double() + b.double()
-    torch.testing.assert_close(k.int8_linear(x, packed, scale, colsum, b).double(), want, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(k.int8_linear(x, packed, scale, colsum, None).double(), want - b.double(),
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        k.int8_linear(x, packed, scale, colsum, b).double(), want, rtol=1e-5, atol=1e-5
+    )
+    torch.testing.assert_close(
+        k.int8_linear(x, packed, scale, colsum, None).double(), want - b.double(), rtol=1e-5, atol=1e-5
+    )
     with pytest.raises(RuntimeError, match="does not match"):
         k.int8_linear(torch.zeros(rows, k_dim + 32), packed, scale, colsum, None)
 
@@ -128,7 +153,9 @@ def test_int8_linear_is_exactly_its_integer_arithmetic(k, rows: int, k_dim: int,
 def test_paged_decode_attention_rejects_a_page_outside_the_pool(k) -> None:
     kc = torch.zeros(64, 1, 64)
     with pytest.raises(RuntimeError, match="page out of pool"):
-        k.paged_decode_attention(torch.zeros(1, 1, 64), kc, kc, torch.tensor([[4]]), torch.tensor([16]), 16, 0.125)
+        k.paged_decode_attention(
+            torch.zeros(1, 1, 64), kc, kc, torch.tensor([[4]]), torch.tensor([16]), 16, 0.125
+        )
 
 
 GREEDY = """
@@ -143,8 +170,9 @@ print(json.dumps([o.token_ids for o in outs]))
 
 def greedy(disable_kernels: bool, kv_cache_dtype: str = "auto") -> list[list[int]]:
     env = dict(os.environ, SKIFF_DISABLE_FUSED_OPS="1" if disable_kernels else "0")
-    out = subprocess.run([sys.executable, "-c", GREEDY, kv_cache_dtype], env=env, capture_output=True, text=True,
-                         timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", GREEDY, kv_cache_dtype], env=env, capture_output=True, text=True, timeout=600
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -172,7 +200,12 @@ def test_a_prebuilt_library_is_loaded_from_skiff_kernels_dir(k, tmp_path) -> Non
     prebuilt.chmod(0o555)
     code = "from skiff.kernels import cpu; assert cpu.available(); print(cpu._library_path())"
     # CXX=false: a build attempt would fail, so passing means the prebuilt file was loaded.
-    env = {**os.environ, "SKIFF_KERNELS_DIR": str(prebuilt), "SKIFF_CACHE_DIR": str(tmp_path / "cache"), "CXX": "false"}
+    env = {
+        **os.environ,
+        "SKIFF_KERNELS_DIR": str(prebuilt),
+        "SKIFF_CACHE_DIR": str(tmp_path / "cache"),
+        "CXX": "false",
+    }
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str(prebuilt / built.name)

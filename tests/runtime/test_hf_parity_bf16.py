@@ -27,13 +27,17 @@ def pair(request, random_model, llm_factory_module):
 
 def test_prefill_logits_bit_equal_to_hf(pair):
     name, hf, llm = pair
-    for p in random_prompts(3, seed=2, lo=100, hi=600):  # past the rope-scaled configs' original context (256)
+    for p in random_prompts(
+        3, seed=2, lo=100, hi=600
+    ):  # past the rope-scaled configs' original context (256)
         ours = llm.prefill_logits(p)
         with torch.no_grad():
             ref = hf(torch.tensor([p])).logits[0].float()
         rows = (ours == ref).all(-1)
-        assert bool(rows.all()), (f"{name}: {int((~rows).sum())}/{len(p)} rows differ from HF bf16, "
-                                  f"max |diff| {(ours - ref).abs().max().item():.3g}")
+        assert bool(rows.all()), (
+            f"{name}: {int((~rows).sum())}/{len(p)} rows differ from HF bf16, "
+            f"max |diff| {(ours - ref).abs().max().item():.3g}"
+        )
 
 
 def test_greedy_decode_follows_hf(pair):
@@ -44,5 +48,6 @@ def test_greedy_decode_follows_hf(pair):
     divs = teacher_forced_divergences(prompts, got, hf_logits_fn(hf))
     off = [d for d in divs if d.gap > 0]  # HF's logit for Skiff's token is below its max
     positions = sum(len(g) for g in got)
-    assert len(off) <= 0.02 * positions, (f"{name}: {len(off)}/{positions} tokens are not HF's bf16 argmax:\n"
-                                          + "\n".join(map(str, off[:10])))
+    assert len(off) <= 0.02 * positions, (
+        f"{name}: {len(off)}/{positions} tokens are not HF's bf16 argmax:\n" + "\n".join(map(str, off[:10]))
+    )

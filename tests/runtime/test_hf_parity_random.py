@@ -50,7 +50,11 @@ def test_greedy_matches_hf(pair):
     assert_divergences_acceptable(divs, len(prompts), f"{name} greedy vs HF")
     for i in (0, 7):  # and HF's own generate() on two of them
         ref = hf_greedy(hf, prompts[i], NEW_TOKENS)
-        assert ref == got[i] or all(d.near_tie for d in divs if d.prompt == i) and any(d.prompt == i for d in divs)
+        assert (
+            ref == got[i]
+            or all(d.near_tie for d in divs if d.prompt == i)
+            and any(d.prompt == i for d in divs)
+        )
 
 
 def test_prefill_logits_close_to_hf(pair):

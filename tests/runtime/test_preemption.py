@@ -22,9 +22,12 @@ def reference(tiny_llama_dir, llm_factory_module, prompts):
     return llm, [o.token_ids for o in outs]
 
 
-@pytest.mark.parametrize(("cache", "page_size", "pages"), [("radix", 16, 8), ("naive", 16, 8), ("radix", 1, 110)])
-def test_preempted_requests_finish_identically(tiny_llama_dir, llm_factory, prompts, reference, cache,
-                                               page_size, pages):
+@pytest.mark.parametrize(
+    ("cache", "page_size", "pages"), [("radix", 16, 8), ("naive", 16, 8), ("radix", 1, 110)]
+)
+def test_preempted_requests_finish_identically(
+    tiny_llama_dir, llm_factory, prompts, reference, cache, page_size, pages
+):
     ref_llm, ref = reference
     llm = llm_factory(tiny_llama_dir, cache=cache, page_size=page_size, max_total_tokens=pages * page_size)
     st = llm.engine.stats()
@@ -34,7 +37,9 @@ def test_preempted_requests_finish_identically(tiny_llama_dir, llm_factory, prom
     outs = llm.generate(prompts, PARAMS)
     assert all(o.finish_reason == "length" and len(o.token_ids) == PARAMS.max_tokens for o in outs)
     assert llm.engine.stats().num_preemptions > 0
-    assert_same_greedy(prompts, [o.token_ids for o in outs], ref, ref_llm.prefill_logits, f"preempted {cache}")
+    assert_same_greedy(
+        prompts, [o.token_ids for o in outs], ref, ref_llm.prefill_logits, f"preempted {cache}"
+    )
     st = llm.engine.stats()
     llm.engine.check_integrity()
     assert st.used_pages == 0 and st.free_pages + st.cached_pages == st.total_pages

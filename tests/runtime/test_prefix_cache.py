@@ -70,8 +70,13 @@ def test_many_rounds_identical_with_cache_on_and_off(radix, naive):
     for rnd in range(2):
         got = radix.generate(prompts, GREEDY)
         ref = naive.generate(prompts, GREEDY)
-        assert_same_greedy(prompts, [o.token_ids for o in got], [o.token_ids for o in ref],
-                           naive.prefill_logits, f"round {rnd}")
+        assert_same_greedy(
+            prompts,
+            [o.token_ids for o in got],
+            [o.token_ids for o in ref],
+            naive.prefill_logits,
+            f"round {rnd}",
+        )
         if rnd == 1:  # everything was seen in round 0
             assert all(o.cached_tokens >= len(o.prompt_token_ids) // PAGE * PAGE - PAGE for o in got)
     assert naive.engine.stats().cache_hit_tokens == 0

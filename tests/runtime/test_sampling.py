@@ -9,8 +9,12 @@ from scipy.stats import chisquare
 from skiff import SamplingParams
 from skiff_rt_helpers import TIE_TOL, chat_prompt_ids
 
-QUESTIONS = ["Tell me about your favourite food.", "Write a short poem about rain.", "What is a black hole?",
-             "Give three tips for learning to cook."]
+QUESTIONS = [
+    "Tell me about your favourite food.",
+    "Write a short poem about rain.",
+    "What is a black hole?",
+    "Give three tips for learning to cook.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +29,12 @@ def test_same_seed_same_output(smollm, prompts):
     others = SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True)
     mixed = smollm.generate(prompts[::-1] + prompts, [p] * 4 + [others] * 4)
     assert [o.token_ids for o in mixed[:4]][::-1] == a
-    b = [o.token_ids for o in smollm.generate(prompts, SamplingParams(temperature=0.9, top_p=0.95, max_tokens=24,
-                                                                        seed=99, ignore_eos=True))]
+    b = [
+        o.token_ids
+        for o in smollm.generate(
+            prompts, SamplingParams(temperature=0.9, top_p=0.95, max_tokens=24, seed=99, ignore_eos=True)
+        )
+    ]
     assert b != a  # another seed draws other tokens (24 tokens x 4 prompts at T=0.9 cannot all agree)
 
 
@@ -40,8 +48,9 @@ def test_stop_token_ids_end_generation(smollm, prompts):
     greedy = smollm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True))[0]
     g = greedy.token_ids
     k = next(i for i in range(3, len(g)) if g[i] not in g[:i])
-    out = smollm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True,
-                                                      stop_token_ids=[g[k]]))[0]
+    out = smollm.generate(
+        prompts[:1], SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, stop_token_ids=[g[k]])
+    )[0]
     assert out.finish_reason == "stop"
     assert out.token_ids in (g[:k], g[: k + 1]), (out.token_ids, g[: k + 1])
 
@@ -57,6 +66,7 @@ def test_eos_ends_generation_unless_ignored(smollm, tokenizer):
 
 
 # ---------------------------------------------------------------------------------------------- distribution
+
 
 def _expected(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
     probs = torch.softmax(logits.double() / temperature, dim=-1)
@@ -90,7 +100,11 @@ def _chi2_pvalue(counts: np.ndarray, expected_p: np.ndarray, n: int) -> float:
 @pytest.fixture(scope="module")
 def spread_prompt(smollm, tokenizer):
     """A prompt whose next-token distribution is spread out, and its logits."""
-    candidates = ["My favourite animal is the", "She opened the box and found a", "The best colour for a car is"]
+    candidates = [
+        "My favourite animal is the",
+        "She opened the box and found a",
+        "The best colour for a car is",
+    ]
     best = None
     for text in candidates:
         ids = list(tokenizer.encode(text, add_special_tokens=True))
@@ -120,7 +134,9 @@ ALPHA = 1e-4  # false-alarm probability of one check
 def test_temperature_samples_softmax_over_t(smollm, spread_prompt):
     ids, logits = spread_prompt
     t = 0.7
-    counts = _sample_counts(smollm, ids, lambda s: SamplingParams(temperature=t, max_tokens=1, seed=s), N_SAMPLES)
+    counts = _sample_counts(
+        smollm, ids, lambda s: SamplingParams(temperature=t, max_tokens=1, seed=s), N_SAMPLES
+    )
     p = _expected(logits, t, 1.0).numpy()
     assert _chi2_pvalue(counts, p, N_SAMPLES) > ALPHA
     # the check has power: the same counts are rejected against the untempered distribution
@@ -134,12 +150,18 @@ def test_top_p_samples_the_renormalised_nucleus(smollm, spread_prompt):
     sp = probs.sort(descending=True).values
     k = int((sp >= 0.01).sum().item())  # the nucleus: every token of >= 1% probability
     assert k >= 3 and sp[k:].sum() > 0.1, (k, sp[:10])
-    top_p = float(sp[: k - 1].sum() + sp[k - 1] / 2)  # strictly inside rank k-1's share: keeps exactly k tokens
+    top_p = float(
+        sp[: k - 1].sum() + sp[k - 1] / 2
+    )  # strictly inside rank k-1's share: keeps exactly k tokens
     expected = _expected(logits, t, top_p)
     nucleus = set((expected > 0).nonzero().flatten().tolist())
     assert 3 <= len(nucleus) < (probs > 1e-6).sum().item()
-    counts = _sample_counts(smollm, ids, lambda s: SamplingParams(temperature=t, top_p=top_p, max_tokens=1,
-                                                                  seed=10_000 + s), N_SAMPLES)
+    counts = _sample_counts(
+        smollm,
+        ids,
+        lambda s: SamplingParams(temperature=t, top_p=top_p, max_tokens=1, seed=10_000 + s),
+        N_SAMPLES,
+    )
     outside = {i: int(c) for i, c in enumerate(counts) if c and i not in nucleus}
     assert not outside, f"sampled tokens outside the top-p set: {outside}"
     assert _chi2_pvalue(counts, expected.numpy(), N_SAMPLES) > ALPHA
@@ -150,29 +172,37 @@ def test_top_k_and_min_p_restrict_the_support(smollm, spread_prompt):
     ids, logits = spread_prompt
     probs = _expected(logits, 1.0, 1.0)
     top5 = set(probs.topk(5).indices.tolist())
-    counts = _sample_counts(smollm, ids, lambda s: SamplingParams(temperature=1.0, top_k=5, max_tokens=1,
-                                                                  seed=20_000 + s), 200)
+    counts = _sample_counts(
+        smollm, ids, lambda s: SamplingParams(temperature=1.0, top_k=5, max_tokens=1, seed=20_000 + s), 200
+    )
     assert set(np.nonzero(counts)[0].tolist()) <= top5
     expected = torch.zeros_like(probs)
     expected[list(top5)] = probs[list(top5)]
     assert _chi2_pvalue(counts, (expected / expected.sum()).numpy(), 200) > ALPHA
     min_p = 0.3
     allowed = set((probs >= min_p * probs.max()).nonzero().flatten().tolist())
-    counts = _sample_counts(smollm, ids, lambda s: SamplingParams(temperature=1.0, min_p=min_p, max_tokens=1,
-                                                                  seed=30_000 + s), 150)
+    counts = _sample_counts(
+        smollm,
+        ids,
+        lambda s: SamplingParams(temperature=1.0, min_p=min_p, max_tokens=1, seed=30_000 + s),
+        150,
+    )
     assert set(np.nonzero(counts)[0].tolist()) <= allowed
 
 
 # ---------------------------------------------------------------------------------------------- penalties
 
-def _penalised_argmax_divergences(smollm, prompt, out, rep=1.0, freq=0.0, pres=0.0) -> list[tuple[int, float]]:
+
+def _penalised_argmax_divergences(
+    smollm, prompt, out, rep=1.0, freq=0.0, pres=0.0
+) -> list[tuple[int, float]]:
     """Positions where `out` is not the greedy choice under the penalties applied to the reference logits.
 
     Semantics (OpenAI / HF): repetition penalty divides positive and multiplies negative logits of every
     token seen in prompt or output; frequency and presence penalties subtract count * f + p for tokens of
     the output so far.
     """
-    logits = smollm.prefill_logits(prompt + out[:-1])[len(prompt) - 1:].double()
+    logits = smollm.prefill_logits(prompt + out[:-1])[len(prompt) - 1 :].double()
     bad = []
     for t, tok in enumerate(out):
         row = logits[t].clone()
@@ -193,15 +223,26 @@ def _repeats(tokens: list[int]) -> int:
     return len(tokens) - len(set(tokens))
 
 
-@pytest.mark.parametrize(("rep", "freq", "pres"), [(1.3, 0.0, 0.0), (1.0, 1.0, 0.0), (1.0, 0.0, 1.5),
-                                                   (1.0, 0.0, -1.0)])
+@pytest.mark.parametrize(
+    ("rep", "freq", "pres"), [(1.3, 0.0, 0.0), (1.0, 1.0, 0.0), (1.0, 0.0, 1.5), (1.0, 0.0, -1.0)]
+)
 def test_penalties(smollm, tokenizer, rep, freq, pres):
     prompt = chat_prompt_ids(tokenizer, ["Repeat the word 'hello' twenty times."])[0]
     n = 48
-    plain = smollm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))[0].token_ids
-    pen = smollm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True,
-                                                   repetition_penalty=rep, frequency_penalty=freq,
-                                                   presence_penalty=pres))[0].token_ids
+    plain = smollm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True))[
+        0
+    ].token_ids
+    pen = smollm.generate(
+        [prompt],
+        SamplingParams(
+            temperature=0.0,
+            max_tokens=n,
+            ignore_eos=True,
+            repetition_penalty=rep,
+            frequency_penalty=freq,
+            presence_penalty=pres,
+        ),
+    )[0].token_ids
     bad = _penalised_argmax_divergences(smollm, prompt, pen, rep, freq, pres)
     assert all(gap <= TIE_TOL for _, gap in bad), f"not the penalised greedy choice at {bad}"
     assert len(bad) <= 1
@@ -213,14 +254,20 @@ def test_penalties(smollm, tokenizer, rep, freq, pres):
 
 # ---------------------------------------------------------------------------------------------- logprobs
 
+
 def test_logprobs_match_log_softmax_of_prefill_logits(smollm, prompts):
-    for params in (SamplingParams(temperature=0.0, max_tokens=16, logprobs=True, top_logprobs=5, ignore_eos=True),
-                   SamplingParams(temperature=0.8, max_tokens=16, logprobs=True, top_logprobs=3, seed=3,
-                                  ignore_eos=True)):
+    for params in (
+        SamplingParams(temperature=0.0, max_tokens=16, logprobs=True, top_logprobs=5, ignore_eos=True),
+        SamplingParams(
+            temperature=0.8, max_tokens=16, logprobs=True, top_logprobs=3, seed=3, ignore_eos=True
+        ),
+    ):
         out = smollm.generate(prompts[:2], params)
         for p, o in zip(prompts[:2], out, strict=True):
             assert len(o.logprobs) == len(o.token_ids) == 16 and len(o.top_logprobs) == 16
-            ref = torch.log_softmax(smollm.prefill_logits(p + o.token_ids[:-1])[len(p) - 1:].double(), dim=-1)
+            ref = torch.log_softmax(
+                smollm.prefill_logits(p + o.token_ids[:-1])[len(p) - 1 :].double(), dim=-1
+            )
             for t, tok in enumerate(o.token_ids):
                 assert abs(o.logprobs[t] - ref[t, tok].item()) < 2e-3
                 top = o.top_logprobs[t]

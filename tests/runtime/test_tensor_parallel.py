@@ -66,12 +66,19 @@ def test_tp1_and_tp2_engines_coexist(random_model, tmp_path):
         print("OK")
     """)
     # its own session, so that a hang takes the TP follower process down with it
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=120)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
-        pytest.fail("a tp=1 LLM hangs once a tp=2 LLM exists in the same process (TP state is process-global)")
+        pytest.fail(
+            "a tp=1 LLM hangs once a tp=2 LLM exists in the same process (TP state is process-global)"
+        )
     assert proc.returncode == 0 and "OK" in out, err[-3000:]

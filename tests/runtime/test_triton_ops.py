@@ -17,16 +17,24 @@ from pathlib import Path
 import pytest
 
 # find_spec, not an import: triton stays out of the test process (the kernels run in a subprocess)
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
-                                reason="triton is in the dev extras (scripts/install.sh --dev)")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None,
+    reason="triton is in the dev extras (scripts/install.sh --dev)",
+)
 
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, dict[str, float]]:
     here = Path(__file__).parent
     env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, str(here / "triton_interp_cases.py")], capture_output=True, text=True,
-                          timeout=600, env=env, cwd=here)
+    proc = subprocess.run(
+        [sys.executable, str(here / "triton_interp_cases.py")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=here,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -22,7 +22,10 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_
 def frac(a: torch.Tensor, b: torch.Tensor) -> list[float]:
     """[fraction of elements bit-equal, max |a - b| / max |b|]"""
     assert a.shape == b.shape, (a.shape, b.shape)
-    return [float((a == b).float().mean()), float((a.float() - b.float()).abs().max() / b.float().abs().max())]
+    return [
+        float((a == b).float().mean()),
+        float((a.float() - b.float()).abs().max() / b.float().abs().max()),
+    ]
 
 
 def hf_rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -43,7 +46,7 @@ def cases(dtype: torch.dtype, gen: torch.Generator) -> dict[str, list[float]]:
     hq, hk, hd = 6, 2, 64
     qkv = rnd(t, (hq + 2 * hk) * hd)
     wh = rnd(hd, scale=0.2) + 1
-    heads = qkv[:, hq * hd:(hq + hk) * hd].view(t, hk, hd)  # k heads: row and head strides
+    heads = qkv[:, hq * hd : (hq + hk) * hd].view(t, hk, hd)  # k heads: row and head strides
     out["rms_norm_heads"] = frac(T.rms_norm(heads, wh, 1e-6), hf_rms(heads, wh, 1e-6))
     h, r = rnd(t, d, scale=2), rnd(t, d, scale=5)
     s_ref = r + h
@@ -53,12 +56,16 @@ def cases(dtype: torch.dtype, gen: torch.Generator) -> dict[str, list[float]]:
     pos = torch.randint(0, 3000, (t,), generator=gen)
     for rot in (hd, hd // 2):
         rotary = RotaryEmbedding(RopeConfig(rot, 10000.0, 4096), hd)
-        q, k = qkv[:, :hq * hd].clone(), qkv[:, hq * hd:(hq + hk) * hd].clone()
+        q, k = qkv[:, : hq * hd].clone(), qkv[:, hq * hd : (hq + hk) * hd].clone()
         if rot == hd:  # HF's own code, with its bf16-rounded cos/sin
             freqs = pos[:, None].float() * (1.0 / 10000.0 ** (torch.arange(0, hd, 2).float() / hd))[None]
             emb = torch.cat([freqs, freqs], -1)
-            qr, kr = apply_rotary_pos_emb(q.view(1, t, hq, hd).transpose(1, 2), k.view(1, t, hk, hd).transpose(1, 2),
-                                          emb.cos().to(dtype)[None], emb.sin().to(dtype)[None])
+            qr, kr = apply_rotary_pos_emb(
+                q.view(1, t, hq, hd).transpose(1, 2),
+                k.view(1, t, hk, hd).transpose(1, 2),
+                emb.cos().to(dtype)[None],
+                emb.sin().to(dtype)[None],
+            )
             qr, kr = qr.transpose(1, 2), kr.transpose(1, 2)
         else:  # partial rotary: Skiff's torch path, which rounds the same way
             qr, kr = rotary(pos, q.view(t, hq, hd), k.view(t, hk, hd))
@@ -73,5 +80,11 @@ def cases(dtype: torch.dtype, gen: torch.Generator) -> dict[str, list[float]]:
 
 if __name__ == "__main__":
     gen = torch.Generator().manual_seed(0)
-    print(json.dumps({str(dt).removeprefix("torch."): cases(dt, gen)
-                      for dt in (torch.bfloat16, torch.float16, torch.float32)}))
+    print(
+        json.dumps(
+            {
+                str(dt).removeprefix("torch."): cases(dt, gen)
+                for dt in (torch.bfloat16, torch.float16, torch.float32)
+            }
+        )
+    )

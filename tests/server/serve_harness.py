@@ -29,8 +29,19 @@ class ServerProcess:
         self.port = free_port()
         self.api_key = api_key
         self.log_path = Path(tempfile.mkstemp(prefix="skiff-serve-", suffix=".log")[1])
-        cmd = [sys.executable, "-m", "skiff.cli", "serve", "--port", str(self.port), "--log-level", "warning",
-               "--cpu-kv-cache-gb", "1.0", *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "skiff.cli",
+            "serve",
+            "--port",
+            str(self.port),
+            "--log-level",
+            "warning",
+            "--cpu-kv-cache-gb",
+            "1.0",
+            *extra,
+        ]
         if api_key:
             cmd += ["--api-key", api_key]
         env = dict(os.environ, PYTHONUNBUFFERED="1")

@@ -11,9 +11,27 @@ from skiff.cli import main
 
 def test_bench_serve_random_and_shared_prefix(server: ServerProcess, tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    code = main(["bench", "serve", "--base-url", server.url + "/v1", "--api-key", server.api_key or "",
-                 "--num-prompts", "4", "--random-input-len", "24", "--random-output-len", "5",
-                 "--max-concurrency", "2", "--no-progress", "--output-json", str(out)])
+    code = main(
+        [
+            "bench",
+            "serve",
+            "--base-url",
+            server.url + "/v1",
+            "--api-key",
+            server.api_key or "",
+            "--num-prompts",
+            "4",
+            "--random-input-len",
+            "24",
+            "--random-output-len",
+            "5",
+            "--max-concurrency",
+            "2",
+            "--no-progress",
+            "--output-json",
+            str(out),
+        ]
+    )
     assert code == 0
     report = json.loads(out.read_text())
     s = report["summary"]
@@ -24,10 +42,35 @@ def test_bench_serve_random_and_shared_prefix(server: ServerProcess, tmp_path: P
     assert s["itl_ms"]["p50"] > 0 and s["output_throughput"] > 0
 
     out2 = tmp_path / "prefix.json"
-    code = main(["bench", "serve", "--base-url", server.url + "/v1", "--api-key", server.api_key or "",
-                 "--api", "chat", "--dataset", "shared-prefix", "--shared-prefix-groups", "1",
-                 "--shared-prefix-len", "96", "--shared-suffix-len", "8", "--num-prompts", "3",
-                 "--random-output-len", "3", "--request-rate", "20", "--no-progress", "--output-json", str(out2)])
+    code = main(
+        [
+            "bench",
+            "serve",
+            "--base-url",
+            server.url + "/v1",
+            "--api-key",
+            server.api_key or "",
+            "--api",
+            "chat",
+            "--dataset",
+            "shared-prefix",
+            "--shared-prefix-groups",
+            "1",
+            "--shared-prefix-len",
+            "96",
+            "--shared-suffix-len",
+            "8",
+            "--num-prompts",
+            "3",
+            "--random-output-len",
+            "3",
+            "--request-rate",
+            "20",
+            "--no-progress",
+            "--output-json",
+            str(out2),
+        ]
+    )
     assert code == 0
     s2 = json.loads(out2.read_text())["summary"]
     assert s2["completed"] == 3 and s2["output_tokens"] == 9

@@ -25,7 +25,9 @@ def metric_values(text: str) -> dict[str, float]:
 
 
 def test_greedy_chat_answers_paris(client: openai.OpenAI) -> None:
-    r = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=PARIS, temperature=0, max_tokens=20)
+    r = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct", messages=PARIS, temperature=0, max_tokens=20
+    )
     assert "Paris" in r.choices[0].message.content
     assert r.choices[0].message.role == "assistant"
     assert r.object == "chat.completion" and r.id.startswith("chatcmpl-")
@@ -33,10 +35,17 @@ def test_greedy_chat_answers_paris(client: openai.OpenAI) -> None:
 
 def test_stream_equals_non_stream(client: openai.OpenAI) -> None:
     kw = dict(model="SmolLM2-135M-Instruct", temperature=0, max_tokens=24)
-    full = client.chat.completions.create(messages=[{"role": "user", "content": "Write a haiku about the sea."}], **kw)
-    chunks = list(client.chat.completions.create(
-        messages=[{"role": "user", "content": "Write a haiku about the sea."}], stream=True,
-        stream_options={"include_usage": True}, **kw))
+    full = client.chat.completions.create(
+        messages=[{"role": "user", "content": "Write a haiku about the sea."}], **kw
+    )
+    chunks = list(
+        client.chat.completions.create(
+            messages=[{"role": "user", "content": "Write a haiku about the sea."}],
+            stream=True,
+            stream_options={"include_usage": True},
+            **kw,
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == full.choices[0].message.content and text
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
@@ -47,23 +56,41 @@ def test_stream_equals_non_stream(client: openai.OpenAI) -> None:
 
     # the same through /v1/completions with a text prompt
     prompt = "The three primary colours are"
-    c_full = client.completions.create(model="SmolLM2-135M-Instruct", prompt=prompt, temperature=0, max_tokens=12)
-    c_text = "".join(c.choices[0].text for c in client.completions.create(
-        model="SmolLM2-135M-Instruct", prompt=prompt, temperature=0, max_tokens=12, stream=True) if c.choices)
+    c_full = client.completions.create(
+        model="SmolLM2-135M-Instruct", prompt=prompt, temperature=0, max_tokens=12
+    )
+    c_text = "".join(
+        c.choices[0].text
+        for c in client.completions.create(
+            model="SmolLM2-135M-Instruct", prompt=prompt, temperature=0, max_tokens=12, stream=True
+        )
+        if c.choices
+    )
     assert c_text == c_full.choices[0].text
 
 
 def test_max_tokens_and_usage(client: openai.OpenAI) -> None:
-    r = client.completions.create(model="SmolLM2-135M-Instruct", prompt="Once upon a time", max_tokens=7,
-                                  temperature=0, extra_body={"ignore_eos": True})
+    r = client.completions.create(
+        model="SmolLM2-135M-Instruct",
+        prompt="Once upon a time",
+        max_tokens=7,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
     assert r.choices[0].finish_reason == "length"
     assert r.usage.completion_tokens == 7
-    tok_count = client.completions.create(model="SmolLM2-135M-Instruct", prompt=[[1, 2, 3, 4, 5]], max_tokens=3,
-                                          extra_body={"ignore_eos": True})
+    tok_count = client.completions.create(
+        model="SmolLM2-135M-Instruct", prompt=[[1, 2, 3, 4, 5]], max_tokens=3, extra_body={"ignore_eos": True}
+    )
     assert tok_count.usage.prompt_tokens == 5 and tok_count.usage.completion_tokens == 3
     assert tok_count.usage.total_tokens == 8
-    chat = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=PARIS, max_completion_tokens=4,
-                                          temperature=0, extra_body={"ignore_eos": True})
+    chat = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct",
+        messages=PARIS,
+        max_completion_tokens=4,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
     assert chat.usage.completion_tokens == 4 and chat.choices[0].finish_reason == "length"
     assert chat.usage.prompt_tokens > 10
 
@@ -78,16 +105,25 @@ def test_stop_strings(client: openai.OpenAI) -> None:
     assert stopped.choices[0].message.content == base[: base.index("Paris")]
     assert stopped.usage.completion_tokens < client.chat.completions.create(**kw).usage.completion_tokens
     # streamed, a stop string never leaks partially
-    text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
-        stop=["Paris", "zzz"], stream=True, **kw) if c.choices)
+    text = "".join(
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(stop=["Paris", "zzz"], stream=True, **kw)
+        if c.choices
+    )
     assert text == stopped.choices[0].message.content
     # a stop string that never occurs changes nothing
     assert client.chat.completions.create(stop="qwertyuiop", **kw).choices[0].message.content == base
 
 
 def test_completions_logprobs(client: openai.OpenAI) -> None:
-    r = client.completions.create(model="SmolLM2-135M-Instruct", prompt="The capital of France is", max_tokens=5,
-                                  temperature=0, logprobs=3, extra_body={"ignore_eos": True})
+    r = client.completions.create(
+        model="SmolLM2-135M-Instruct",
+        prompt="The capital of France is",
+        max_tokens=5,
+        temperature=0,
+        logprobs=3,
+        extra_body={"ignore_eos": True},
+    )
     lp = r.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 5
     assert "".join(lp.tokens) == r.choices[0].text
@@ -101,17 +137,26 @@ def test_completions_logprobs(client: openai.OpenAI) -> None:
 
 
 def test_chat_logprobs_and_n(client: openai.OpenAI) -> None:
-    r = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=PARIS, max_tokens=6, temperature=0,
-                                       logprobs=True, top_logprobs=2, n=2)
+    r = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct",
+        messages=PARIS,
+        max_tokens=6,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+        n=2,
+    )
     assert len(r.choices) == 2 and [c.index for c in r.choices] == [0, 1]
     assert r.choices[0].message.content == r.choices[1].message.content  # greedy
     content = r.choices[0].logprobs.content
     assert "".join(t.token for t in content) == r.choices[0].message.content
     assert all(len(t.top_logprobs) == 2 for t in content)
-    sampled = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=PARIS, max_tokens=12,
-                                             temperature=1.0, seed=7, n=3)
-    again = client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=PARIS, max_tokens=12,
-                                           temperature=1.0, seed=7, n=3)
+    sampled = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct", messages=PARIS, max_tokens=12, temperature=1.0, seed=7, n=3
+    )
+    again = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct", messages=PARIS, max_tokens=12, temperature=1.0, seed=7, n=3
+    )
     assert [c.message.content for c in sampled.choices] == [c.message.content for c in again.choices]
     assert 3 <= sampled.usage.completion_tokens <= 36
     assert sampled.usage.prompt_tokens == r.usage.prompt_tokens  # counted once, not once per choice
@@ -123,25 +168,48 @@ def test_models_and_health(server: ServerProcess, client: openai.OpenAI) -> None
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
     r = httpx.get(server.url + "/health_generate", timeout=60)
     assert r.status_code == 200 and r.json()["completion_tokens"] == 1
-    r = httpx.post(server.url + "/v1/completions", headers=server.headers | {"x-request-id": "my-req-42"},
-                   json={"prompt": "Hi", "max_tokens": 2})
+    r = httpx.post(
+        server.url + "/v1/completions",
+        headers=server.headers | {"x-request-id": "my-req-42"},
+        json={"prompt": "Hi", "max_tokens": 2},
+    )
     assert r.status_code == 200 and r.headers["x-request-id"] == "my-req-42" and r.json()["id"] == "my-req-42"
 
 
 def test_metrics_parse_and_move(server: ServerProcess, client: openai.OpenAI) -> None:
     before = metric_values(server.metrics_text())
-    for name in ["sglang:num_queue_reqs", "sglang:num_running_reqs", "sglang:token_usage", "sglang:cache_hit_rate",
-                 "sglang:gen_throughput", "skiff:kv_pages_used", "skiff:kv_pages_free"]:
+    for name in [
+        "sglang:num_queue_reqs",
+        "sglang:num_running_reqs",
+        "sglang:token_usage",
+        "sglang:cache_hit_rate",
+        "sglang:gen_throughput",
+        "skiff:kv_pages_used",
+        "skiff:kv_pages_free",
+    ]:
         assert name in before, name
     assert any(k.startswith("sglang:cache_config_info{num_pages=") for k in before)
-    client.completions.create(model="SmolLM2-135M-Instruct", prompt="Count: one, two,", max_tokens=9,
-                              extra_body={"ignore_eos": True})
+    client.completions.create(
+        model="SmolLM2-135M-Instruct",
+        prompt="Count: one, two,",
+        max_tokens=9,
+        extra_body={"ignore_eos": True},
+    )
     after = metric_values(server.metrics_text())
     assert after["sglang:generation_tokens_total"] - before["sglang:generation_tokens_total"] == 9
     assert after["sglang:prompt_tokens_total"] > before["sglang:prompt_tokens_total"]
-    assert after["sglang:time_to_first_token_seconds_count"] == before["sglang:time_to_first_token_seconds_count"] + 1
-    assert after["sglang:e2e_request_latency_seconds_count"] == before["sglang:e2e_request_latency_seconds_count"] + 1
-    assert after["sglang:inter_token_latency_seconds_count"] >= before["sglang:inter_token_latency_seconds_count"] + 8
+    assert (
+        after["sglang:time_to_first_token_seconds_count"]
+        == before["sglang:time_to_first_token_seconds_count"] + 1
+    )
+    assert (
+        after["sglang:e2e_request_latency_seconds_count"]
+        == before["sglang:e2e_request_latency_seconds_count"] + 1
+    )
+    assert (
+        after["sglang:inter_token_latency_seconds_count"]
+        >= before["sglang:inter_token_latency_seconds_count"] + 8
+    )
     assert "sglang:cached_tokens_total" in after
 
 
@@ -154,14 +222,22 @@ def test_prefix_cache_hits_show_in_usage(client: openai.OpenAI) -> None:
 
 
 def test_200_concurrent_streams_then_no_page_leak(server: ServerProcess) -> None:
-    aclient = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=server.api_key, timeout=300, max_retries=0)
+    aclient = openai.AsyncOpenAI(
+        base_url=server.url + "/v1", api_key=server.api_key, timeout=300, max_retries=0
+    )
 
     async def one(i: int) -> tuple[int, int, str]:
         max_tokens = 2 + i % 5
         stream = await aclient.completions.create(
-            model="SmolLM2-135M-Instruct", prompt=f"Request number {i}: the weather today is", max_tokens=max_tokens,
-            temperature=0.8, seed=i, stream=True, stream_options={"include_usage": True},
-            extra_body={"ignore_eos": True})
+            model="SmolLM2-135M-Instruct",
+            prompt=f"Request number {i}: the weather today is",
+            max_tokens=max_tokens,
+            temperature=0.8,
+            seed=i,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
         text, usage, finish = "", None, None
         async for chunk in stream:
             if chunk.choices:
@@ -190,10 +266,17 @@ def test_200_concurrent_streams_then_no_page_leak(server: ServerProcess) -> None
 
 
 def test_disconnect_mid_stream_frees_pages(server: ServerProcess) -> None:
-    body = {"model": "SmolLM2-135M-Instruct", "prompt": "Tell me a very long story about dragons.",
-            "max_tokens": 1500, "stream": True, "ignore_eos": True}
-    with httpx.Client(timeout=60) as http, http.stream("POST", server.url + "/v1/completions",
-                                                      headers=server.headers, json=body) as r:
+    body = {
+        "model": "SmolLM2-135M-Instruct",
+        "prompt": "Tell me a very long story about dragons.",
+        "max_tokens": 1500,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    with (
+        httpx.Client(timeout=60) as http,
+        http.stream("POST", server.url + "/v1/completions", headers=server.headers, json=body) as r,
+    ):
         assert r.status_code == 200
         lines, it = 0, r.iter_lines()  # no `break` out of iter_lines: that would close the stream early
         while lines < 5:
@@ -208,6 +291,8 @@ def test_disconnect_mid_stream_frees_pages(server: ServerProcess) -> None:
 
     # a non-streaming client that gives up frees its pages too
     with pytest.raises(httpx.TimeoutException):
-        httpx.post(server.url + "/v1/completions", headers=server.headers, json=body | {"stream": False}, timeout=2)
+        httpx.post(
+            server.url + "/v1/completions", headers=server.headers, json=body | {"stream": False}, timeout=2
+        )
     report = wait_idle(server, timeout=20)
     assert report["ok"] and report["stats"]["used_pages"] == 0

@@ -23,8 +23,20 @@ CASES: list[tuple[str, str, object, int]] = [
     ("bad role", CHAT, {"model": M, "messages": [{"role": "wizard", "content": "hi"}]}, 400),
     ("content wrong type", CHAT, {"model": M, "messages": [{"role": "user", "content": 42}]}, 400),
     ("user without content", CHAT, {"model": M, "messages": [{"role": "user"}]}, 400),
-    ("image part", CHAT, {"model": M, "messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "http://127.0.0.1/x.png"}}]}]}, 400),
+    (
+        "image part",
+        CHAT,
+        {
+            "model": M,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "image_url", "image_url": {"url": "http://127.0.0.1/x.png"}}],
+                }
+            ],
+        },
+        400,
+    ),
     ("prompt wrong type", C, {"model": M, "prompt": 12}, 400),
     ("empty prompt", C, {"model": M, "prompt": ""}, 400),
     ("empty prompt list", C, {"model": M, "prompt": []}, 400),
@@ -52,14 +64,34 @@ CASES: list[tuple[str, str, object, int]] = [
     ("too many stop strings", C, {"model": M, "prompt": "hi", "stop": [str(i) for i in range(20)]}, 400),
     ("empty stop string", C, {"model": M, "prompt": "hi", "stop": [""]}, 400),
     ("logprobs too many", C, {"model": M, "prompt": "hi", "logprobs": 50}, 400),
-    ("top_logprobs too many", CHAT, {"model": M, "messages": USER, "logprobs": True, "top_logprobs": 30}, 400),
+    (
+        "top_logprobs too many",
+        CHAT,
+        {"model": M, "messages": USER, "logprobs": True, "top_logprobs": 30},
+        400,
+    ),
     ("top_logprobs without logprobs", CHAT, {"model": M, "messages": USER, "top_logprobs": 2}, 400),
     ("stream wrong type", C, {"model": M, "prompt": "hi", "stream": "yes"}, 400),
-    ("stream_options without stream", C, {"model": M, "prompt": "hi", "stream_options": {"include_usage": True}}, 400),
+    (
+        "stream_options without stream",
+        C,
+        {"model": M, "prompt": "hi", "stream_options": {"include_usage": True}},
+        400,
+    ),
     ("seed wrong type", C, {"model": M, "prompt": "hi", "seed": "abc"}, 400),
-    ("tools", CHAT, {"model": M, "messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400),
+    (
+        "tools",
+        CHAT,
+        {"model": M, "messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}]},
+        400,
+    ),
     ("logit_bias", C, {"model": M, "prompt": "hi", "logit_bias": {"50256": -100}}, 400),
-    ("json response format", CHAT, {"model": M, "messages": USER, "response_format": {"type": "json_object"}}, 400),
+    (
+        "json response format",
+        CHAT,
+        {"model": M, "messages": USER, "response_format": {"type": "json_object"}},
+        400,
+    ),
 ]
 
 
@@ -90,7 +122,9 @@ def test_bad_input_is_rejected(http: httpx.Client, name: str, path: str, body: o
 
 def test_auth_size_and_routes(server: ServerProcess, http: httpx.Client) -> None:
     body = {"model": M, "prompt": "hi", "max_tokens": 1}
-    err = assert_openai_error(httpx.post(server.url + C, json=body, headers={"Authorization": "Bearer nope"}), 401)
+    err = assert_openai_error(
+        httpx.post(server.url + C, json=body, headers={"Authorization": "Bearer nope"}), 401
+    )
     assert err["code"] == "invalid_api_key"
     assert_openai_error(httpx.post(server.url + C, json=body), 401)
     assert_openai_error(httpx.get(server.url + "/v1/models"), 401)
@@ -115,8 +149,12 @@ def test_still_serving_after_bad_inputs(server: ServerProcess, client: openai.Op
             httpx.post(server.url + path, content=body, headers=server.headers)
         else:
             httpx.post(server.url + path, json=body, headers=server.headers)
-    r = client.chat.completions.create(model=M, messages=[{"role": "user", "content": "What is the capital of France?"}],
-                                       temperature=0, max_tokens=20)
+    r = client.chat.completions.create(
+        model=M,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        temperature=0,
+        max_tokens=20,
+    )
     assert "Paris" in r.choices[0].message.content
     assert httpx.get(server.url + "/health").status_code == 200
     assert server.integrity()["ok"]

@@ -18,7 +18,9 @@ M = "SmolLM2-135M-Instruct"
 def _stream_until_end(client: openai.OpenAI, results: list, i: int, started: threading.Event, **kw) -> None:
     try:
         finish, tokens = None, None
-        for chunk in client.completions.create(model=M, stream=True, stream_options={"include_usage": True}, **kw):
+        for chunk in client.completions.create(
+            model=M, stream=True, stream_options={"include_usage": True}, **kw
+        ):
             if chunk.choices:
                 started.set()
                 finish = chunk.choices[0].finish_reason or finish
@@ -35,16 +37,24 @@ def test_killed_scheduler_fails_health_and_inflight_requests() -> None:
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", timeout=60, max_retries=0)
         results: list = [None] * 3
         started = threading.Event()
-        threads = [threading.Thread(target=_stream_until_end, args=(client, results, i, started),
-                                    kwargs=dict(prompt=f"Story {i}:", max_tokens=1500, extra_body={"ignore_eos": True}))
-                   for i in range(3)]
+        threads = [
+            threading.Thread(
+                target=_stream_until_end,
+                args=(client, results, i, started),
+                kwargs=dict(prompt=f"Story {i}:", max_tokens=1500, extra_body={"ignore_eos": True}),
+            )
+            for i in range(3)
+        ]
         for t in threads:
             t.start()
         non_stream: dict = {}
 
         def blocking() -> None:
-            non_stream["r"] = httpx.post(srv.url + "/v1/completions", timeout=60,
-                                         json={"prompt": "Long:", "max_tokens": 1500, "ignore_eos": True})
+            non_stream["r"] = httpx.post(
+                srv.url + "/v1/completions",
+                timeout=60,
+                json={"prompt": "Long:", "max_tokens": 1500, "ignore_eos": True},
+            )
 
         tb = threading.Thread(target=blocking)
         tb.start()
@@ -79,9 +89,14 @@ def test_sigterm_drains_inflight_requests_then_exits_zero() -> None:
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", timeout=300, max_retries=0)
         results: list = [None] * 4
         started = threading.Event()
-        threads = [threading.Thread(target=_stream_until_end, args=(client, results, i, started),
-                                    kwargs=dict(prompt=f"Poem {i}:", max_tokens=16, extra_body={"ignore_eos": True}))
-                   for i in range(4)]
+        threads = [
+            threading.Thread(
+                target=_stream_until_end,
+                args=(client, results, i, started),
+                kwargs=dict(prompt=f"Poem {i}:", max_tokens=16, extra_body={"ignore_eos": True}),
+            )
+            for i in range(4)
+        ]
         for t in threads:
             t.start()
         assert started.wait(120), srv.log()
@@ -108,9 +123,19 @@ def _tiny_llama(root: Path) -> Path:
     from skiff.tokenizer import load_tokenizer
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-                      num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=2048,
-                      initializer_range=0.1, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        initializer_range=0.1,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     out = root / "tiny-llama"
     AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(str(out))
@@ -124,15 +149,38 @@ def test_tp2_gives_the_same_greedy_answers_as_tp1(tmp_path: Path) -> None:
     try:
         for srv in servers:
             srv.wait_ready()
-        clients = [openai.OpenAI(base_url=s.url + "/v1", api_key="none", timeout=120, max_retries=0) for s in servers]
+        clients = [
+            openai.OpenAI(base_url=s.url + "/v1", api_key="none", timeout=120, max_retries=0) for s in servers
+        ]
         prompts: list = ["The capital of France is", [17, 400, 9000, 123, 77], "def fibonacci(n):"]
-        answers = [[c.completions.create(model="tiny-llama", prompt=p, temperature=0, max_tokens=16,
-                                         extra_body={"ignore_eos": True}).choices[0].text for p in prompts]
-                   for c in clients]
+        answers = [
+            [
+                c.completions.create(
+                    model="tiny-llama",
+                    prompt=p,
+                    temperature=0,
+                    max_tokens=16,
+                    extra_body={"ignore_eos": True},
+                )
+                .choices[0]
+                .text
+                for p in prompts
+            ]
+            for c in clients
+        ]
         assert answers[0] == answers[1]
         assert all(answers[0])
-        chats = [c.chat.completions.create(model="tiny-llama", messages=[{"role": "user", "content": "Hi there"}],
-                                           temperature=0, max_tokens=12).choices[0].message.content for c in clients]
+        chats = [
+            c.chat.completions.create(
+                model="tiny-llama",
+                messages=[{"role": "user", "content": "Hi there"}],
+                temperature=0,
+                max_tokens=12,
+            )
+            .choices[0]
+            .message.content
+            for c in clients
+        ]
         assert chats[0] == chats[1]
         assert servers[1].integrity()["ok"]
     finally:

@@ -36,7 +36,9 @@ def _autoscaled(spec: dict, **_: Any) -> bool:
 
 
 @kopf.timer(*ISVC, interval=INTERVAL, initial_delay=INTERVAL, when=_autoscaled)
-async def autoscale(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, patch: kopf.Patch, **_: Any) -> None:
+async def autoscale(
+    body: kopf.Body, spec: kopf.Spec, status: kopf.Status, patch: kopf.Patch, **_: Any
+) -> None:
     scaler = autoscaler()
     isvc = dict(body)
     # every mode: Deployment replicas follow spec.replicas (what /scale, HPA and KEDA write)
@@ -49,9 +51,16 @@ async def autoscale(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, patch
     uid = body["metadata"]["uid"]
     if outcome.changed:
         # kopf.event, not kopf.info: the operator raises the posting level to WARNING for its own reasons
-        kopf.event(isvc, type="Normal", reason=outcome.decision.reason,
-                   message=f"replicas {outcome.current} -> {outcome.decision.replicas}: {outcome.decision.message}")
-    elif outcome.decision.reason == "ExternalAutoscaler" and scaler.last_reason.get(uid) != "ExternalAutoscaler":
+        kopf.event(
+            isvc,
+            type="Normal",
+            reason=outcome.decision.reason,
+            message=f"replicas {outcome.current} -> {outcome.decision.replicas}: {outcome.decision.message}",
+        )
+    elif (
+        outcome.decision.reason == "ExternalAutoscaler"
+        and scaler.last_reason.get(uid) != "ExternalAutoscaler"
+    ):
         kopf.event(isvc, type="Warning", reason="ExternalAutoscaler", message=outcome.decision.message)
     scaler.last_reason[uid] = outcome.decision.reason
 

@@ -59,7 +59,8 @@ def external_autoscaler(api: kubernetes.client.ApiClient, isvc: dict) -> str | N
         log.debug("listing HPAs in %s failed: %s", ns, e)
     try:
         sos = kubernetes.client.CustomObjectsApi(api).list_namespaced_custom_object(
-            "keda.sh", "v1alpha1", ns, "scaledobjects")
+            "keda.sh", "v1alpha1", ns, "scaledobjects"
+        )
         for so in sos.get("items", []):
             if targets_us(so):
                 return f"ScaledObject/{so['metadata']['name']}"
@@ -114,13 +115,20 @@ class Autoscaler:
         other = external_autoscaler(self.api, isvc)
         current = spec.replicas
         if other is not None:
-            return Outcome(Decision(current, "ExternalAutoscaler", f"{other} scales this service; not acting"),
-                           current, False, "")
+            return Outcome(
+                Decision(current, "ExternalAutoscaler", f"{other} scales this service; not acting"),
+                current,
+                False,
+                "",
+            )
         pods = kubernetes.client.CoreV1Api(self.api).list_namespaced_pod(
-            meta["namespace"], label_selector=selector_string(meta["name"]))
+            meta["namespace"], label_selector=selector_string(meta["name"])
+        )
         pod_dicts = [self.api.sanitize_for_serialization(p) for p in pods.items]
         async with httpx.AsyncClient(timeout=self.timeout) as client:
-            reading = await read_load(client, a.metric, pod_dicts, served_name(isvc, spec), list(self.router_urls))
+            reading = await read_load(
+                client, a.metric, pod_dicts, served_name(isvc, spec), list(self.router_urls)
+            )
         now = self.clock()
         samples = self.history.setdefault(meta["uid"], [])
         samples.append(Sample(now, reading.load, reading.ready, reading.active))
@@ -131,7 +139,13 @@ class Autoscaler:
         changed = decision.replicas != current
         if changed:
             kubernetes.client.CustomObjectsApi(self.api).patch_namespaced_custom_object_scale(
-                GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], {"spec": {"replicas": decision.replicas}})
+                GROUP,
+                VERSION,
+                meta["namespace"],
+                PLURAL,
+                meta["name"],
+                {"spec": {"replicas": decision.replicas}},
+            )
         return Outcome(decision, current, changed, reading.detail)
 
 
@@ -150,4 +164,3 @@ def status_patch(outcome: Outcome, metric: str, previous: dict[str, Any] | None)
     last_scale = (previous or {}).get("lastScaleTime")
     out["lastScaleTime"] = _now_iso() if outcome.changed else last_scale
     return {k: v for k, v in out.items() if v is not None}
-

@@ -8,7 +8,8 @@ pods (plus the requests the router holds). Then, like the HPA's behavior field:
   down) and until every current replica is ready (a starting pod's load is not visible yet);
 - each decision moves at most maxScaleUpStep / maxScaleDownStep replicas;
 - with minReplicas 0, the floor is 1 until there has been no work at all (running, queued or held; not
-  just a zero metric) for idleToZeroSeconds (history covering it); from zero, any load (a held request) scales up at once, without the scale-up window.
+  just a zero metric) for idleToZeroSeconds (history covering it); from zero, any load (a held request)
+  scales up at once, without the scale-up window.
 """
 
 from __future__ import annotations
@@ -95,9 +96,13 @@ def decide(policy: Policy, history: Sequence[Sample], current: int, now: float) 
     """Desired replicas given samples (oldest first, all at or before `now`) and the current replica count."""
     p = policy
     if current < p.min_replicas:
-        return Decision(p.min_replicas, "BelowMinimum", f"{current} replicas is below minReplicas {p.min_replicas}")
+        return Decision(
+            p.min_replicas, "BelowMinimum", f"{current} replicas is below minReplicas {p.min_replicas}"
+        )
     if current > p.max_replicas:
-        return Decision(p.max_replicas, "AboveMaximum", f"{current} replicas is above maxReplicas {p.max_replicas}")
+        return Decision(
+            p.max_replicas, "AboveMaximum", f"{current} replicas is above maxReplicas {p.max_replicas}"
+        )
     if not history:
         return Decision(current, "NoMetrics", "no metric samples yet")
     latest = history[-1]
@@ -108,30 +113,47 @@ def decide(policy: Policy, history: Sequence[Sample], current: int, now: float) 
         target = min(p.max_replicas, max(1, p.min_replicas, want), p.max_up_step)
         return Decision(target, "ScaleFromZero", f"load {latest.load:g} at zero replicas")
     floor = max(p.min_replicas, 1)
-    if p.min_replicas == 0 and _covers(history, now, p.idle_to_zero) and all(
-            s.idle for s in history if s.time >= now - p.idle_to_zero):
+    if (
+        p.min_replicas == 0
+        and _covers(history, now, p.idle_to_zero)
+        and all(s.idle for s in history if s.time >= now - p.idle_to_zero)
+    ):
         floor = 0
     if want > current:
         up = min(recommend(p, s.load) for s in _window(history, now, p.scale_up_window))
         if up <= current:
-            return Decision(current, "ScaleUpStabilizing",
-                            f"load {latest.load:g} wants {want} but not for {p.scale_up_window:g}s yet")
+            return Decision(
+                current,
+                "ScaleUpStabilizing",
+                f"load {latest.load:g} wants {want} but not for {p.scale_up_window:g}s yet",
+            )
         target = min(up, current + p.max_up_step, p.max_replicas)
         if target == current:
-            return Decision(current, "AtMaximum", f"load {latest.load:g} wants {want}; maxReplicas is {p.max_replicas}")
-        return Decision(target, "ScaleUp", f"load {latest.load:g} over target {p.target_per_replica:g}/replica")
+            return Decision(
+                current, "AtMaximum", f"load {latest.load:g} wants {want}; maxReplicas is {p.max_replicas}"
+            )
+        return Decision(
+            target, "ScaleUp", f"load {latest.load:g} over target {p.target_per_replica:g}/replica"
+        )
     down = max(max(recommend(p, s.load) for s in _window(history, now, p.scale_down_window)), floor)
     if down >= current:
         if max(want, floor) >= current:
             return Decision(current, "Steady", f"load {latest.load:g} fits {current} replicas")
-        return Decision(current, "ScaleDownStabilizing",
-                        f"load {latest.load:g} wants {max(want, floor)}; the last {p.scale_down_window:g}s wanted "
-                        f"{down}")
+        return Decision(
+            current,
+            "ScaleDownStabilizing",
+            f"load {latest.load:g} wants {max(want, floor)}; the last {p.scale_down_window:g}s wanted {down}",
+        )
     if not _covers(history, now, p.scale_down_window):
-        return Decision(current, "ScaleDownStabilizing",
-                        f"load {latest.load:g} wants {down}; history is shorter than {p.scale_down_window:g}s")
+        return Decision(
+            current,
+            "ScaleDownStabilizing",
+            f"load {latest.load:g} wants {down}; history is shorter than {p.scale_down_window:g}s",
+        )
     if latest.ready < current:
-        return Decision(current, "WaitingForReady", f"{latest.ready}/{current} replicas ready; not scaling down")
+        return Decision(
+            current, "WaitingForReady", f"{latest.ready}/{current} replicas ready; not scaling down"
+        )
     target = max(down, current - p.max_down_step, p.min_replicas)
     if target == 0:
         return Decision(0, "IdleToZero", f"no load for {p.idle_to_zero:g}s")

@@ -28,10 +28,16 @@ def _quantity(value: float) -> str:
 
 def _behavior(a: Any) -> dict[str, Any]:
     return {
-        "scaleUp": {"stabilizationWindowSeconds": a.scale_up_stabilization_seconds, "selectPolicy": "Max",
-                    "policies": [{"type": "Pods", "value": a.max_scale_up_step, "periodSeconds": HPA_PERIOD}]},
-        "scaleDown": {"stabilizationWindowSeconds": a.scale_down_stabilization_seconds, "selectPolicy": "Max",
-                      "policies": [{"type": "Pods", "value": a.max_scale_down_step, "periodSeconds": HPA_PERIOD}]},
+        "scaleUp": {
+            "stabilizationWindowSeconds": a.scale_up_stabilization_seconds,
+            "selectPolicy": "Max",
+            "policies": [{"type": "Pods", "value": a.max_scale_up_step, "periodSeconds": HPA_PERIOD}],
+        },
+        "scaleDown": {
+            "stabilizationWindowSeconds": a.scale_down_stabilization_seconds,
+            "selectPolicy": "Max",
+            "policies": [{"type": "Pods", "value": a.max_scale_down_step, "periodSeconds": HPA_PERIOD}],
+        },
     }
 
 
@@ -44,8 +50,10 @@ def hpa(isvc: dict[str, Any]) -> dict[str, Any]:
         metric = {"type": "Pods", "pods": {"metric": {"name": signal.adapter_name}, "target": target}}
     else:  # router concurrency is not a per-pod series: an External metric selected by model
         selector = {"matchLabels": {"model": served_name(isvc, spec)}}
-        metric = {"type": "External",
-                  "external": {"metric": {"name": signal.adapter_name, "selector": selector}, "target": target}}
+        metric = {
+            "type": "External",
+            "external": {"metric": {"name": signal.adapter_name, "selector": selector}, "target": target},
+        }
     return {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",
@@ -91,16 +99,18 @@ def scaled_object(isvc: dict[str, Any]) -> dict[str, Any]:
             "pollingInterval": HPA_PERIOD,
             "cooldownPeriod": a.idle_to_zero_seconds,  # KEDA: idle time before scaling to minReplicaCount 0
             "advanced": {"horizontalPodAutoscalerConfig": {"name": f"{name}-keda", "behavior": _behavior(a)}},
-            "triggers": [{
-                "type": "prometheus",
-                "metricType": "AverageValue",
-                "metadata": {
-                    "serverAddress": a.prometheus_address,
-                    "query": prometheus_query(isvc),
-                    "threshold": f"{a.target_per_replica:g}",
-                    "activationThreshold": "0",
-                },
-            }],
+            "triggers": [
+                {
+                    "type": "prometheus",
+                    "metricType": "AverageValue",
+                    "metadata": {
+                        "serverAddress": a.prometheus_address,
+                        "query": prometheus_query(isvc),
+                        "threshold": f"{a.target_per_replica:g}",
+                        "activationThreshold": "0",
+                    },
+                }
+            ],
         },
     }
 

@@ -56,8 +56,9 @@ class Reading:
     active: float = 0.0  # all work seen: running + queued on pods, in flight + held at routers
 
 
-async def read_load(client: httpx.AsyncClient, metric: str, pods: list[dict], model: str,
-                    router_urls: list[str]) -> Reading:
+async def read_load(
+    client: httpx.AsyncClient, metric: str, pods: list[dict], model: str, router_urls: list[str]
+) -> Reading:
     """Scrape every ready pod and every router replica; unreachable ones count as not ready / absent."""
     signal = SIGNALS[metric]
     ready = [p for p in pods if pod_ready(p)]
@@ -75,8 +76,11 @@ async def read_load(client: httpx.AsyncClient, metric: str, pods: list[dict], mo
     routers = [t for t in await asyncio.gather(*(scrape(u) for u in router_urls)) if t is not None]
     answered = [t for t in texts if t is not None]
     held = sum(metric_sum(t, HELD, {"model": model}) for t in routers)
-    active = held + sum(metric_sum(t, m) for t in answered for m in (RUNNING, QUEUED)) + sum(
-        metric_sum(t, INFLIGHT, {"model": model}) for t in routers)
+    active = (
+        held
+        + sum(metric_sum(t, m) for t in answered for m in (RUNNING, QUEUED))
+        + sum(metric_sum(t, INFLIGHT, {"model": model}) for t in routers)
+    )
     if signal.pod_metric is not None:
         pod_load = sum(metric_sum(t, signal.pod_metric) for t in answered)
         load = pod_load + held

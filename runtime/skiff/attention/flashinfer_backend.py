@@ -27,8 +27,11 @@ if TYPE_CHECKING:
 WORKSPACE_BYTES = 256 * 2**20
 
 
-def paged_metadata(seq_lens: list[int], tables: list[list[int]], page_size: int,
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def paged_metadata(
+    seq_lens: list[int],
+    tables: list[list[int]],
+    page_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """CSR page tables on the host: (indptr [B+1], indices [nnz], last_page_len [B]), int32."""
     counts = [-(-n // page_size) for n in seq_lens]
     indptr = [0, *accumulate(counts)]
@@ -55,7 +58,9 @@ class FlashInferBackend(AttentionBackend):
         shape = (pool.num_pages, pool.page_size, num_kv_heads, head_dim)
         self.kv = [(k.view(shape), v.view(shape)) for k, v in zip(pool.k, pool.v, strict=True)]
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
-        self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD", backend="fa2")
+        self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            self.workspace, "NHD", backend="fa2"
+        )
         self.decode_wrapper = self._decode_wrapper()
         self._fences: dict[int, torch.cuda.Event] = {}
         self._active: Any = None
@@ -65,13 +70,21 @@ class FlashInferBackend(AttentionBackend):
 
     def _decode_wrapper(self, graph_bs: int | None = None) -> Any:
         if graph_bs is None:
-            return self.fi.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD", use_tensor_cores=True, backend="fa2")
+            return self.fi.BatchDecodeWithPagedKVCacheWrapper(
+                self.workspace, "NHD", use_tensor_cores=True, backend="fa2"
+            )
         assert self._graph_bufs is not None
         indptr, indices, last = self._graph_bufs
         return self.fi.BatchDecodeWithPagedKVCacheWrapper(
-            self.workspace, "NHD", use_cuda_graph=True, use_tensor_cores=True,
-            paged_kv_indptr_buffer=indptr[: graph_bs + 1], paged_kv_indices_buffer=indices,
-            paged_kv_last_page_len_buffer=last[:graph_bs], backend="fa2")
+            self.workspace,
+            "NHD",
+            use_cuda_graph=True,
+            use_tensor_cores=True,
+            paged_kv_indptr_buffer=indptr[: graph_bs + 1],
+            paged_kv_indices_buffer=indices,
+            paged_kv_last_page_len_buffer=last[:graph_bs],
+            backend="fa2",
+        )
 
     # ------------------------------------------------------------------------------------------ planning
     def _plan(self, wrapper: Any, *args: Any, **kwargs: Any) -> None:
@@ -85,10 +98,23 @@ class FlashInferBackend(AttentionBackend):
 
     def _plan_decode(self, wrapper: Any, seq_lens: list[int], tables: list[list[int]]) -> None:
         indptr, indices, last = paged_metadata(seq_lens, tables, self.page_size)
-        if wrapper is not self.decode_wrapper:  # graph wrappers copy host indices synchronously: hand them device ones
+        if (
+            wrapper is not self.decode_wrapper
+        ):  # graph wrappers copy host indices synchronously: hand them device ones
             indices = indices.to(self.device, non_blocking=True)
-        self._plan(wrapper, indptr, indices, last, self.num_heads, self.num_kv_heads, self.head_dim,
-                   self.page_size, q_data_type=self.dtype, kv_data_type=self.dtype, sm_scale=self.scale)
+        self._plan(
+            wrapper,
+            indptr,
+            indices,
+            last,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.page_size,
+            q_data_type=self.dtype,
+            kv_data_type=self.dtype,
+            sm_scale=self.scale,
+        )
 
     def prepare(self, batch: ForwardBatch) -> None:
         self._slots = batch.out_slots
@@ -98,21 +124,40 @@ class FlashInferBackend(AttentionBackend):
             return
         indptr, indices, last = paged_metadata(batch.seq_lens, batch.page_tables, self.page_size)
         qo_indptr = _pinned([0, *accumulate(batch.q_lens)])
-        self._plan(self.prefill_wrapper, qo_indptr, indptr, indices, last, self.num_heads, self.num_kv_heads,
-                   self.head_dim, self.page_size, causal=True, sm_scale=self.scale, q_data_type=self.dtype,
-                   kv_data_type=self.dtype)
+        self._plan(
+            self.prefill_wrapper,
+            qo_indptr,
+            indptr,
+            indices,
+            last,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.page_size,
+            causal=True,
+            sm_scale=self.scale,
+            q_data_type=self.dtype,
+            kv_data_type=self.dtype,
+        )
         self._active = self.prefill_wrapper
 
     # ------------------------------------------------------------------------------------------ CUDA graphs
     def init_graphs(self, max_bs: int, max_pages_per_seq: int) -> None:
         """Device buffers shared by every captured batch size (one graph replays at a time)."""
         i32 = torch.int32
-        self._graph_bufs = (torch.zeros(max_bs + 1, dtype=i32, device=self.device),
-                            torch.zeros(max_bs * max_pages_per_seq, dtype=i32, device=self.device),
-                            torch.ones(max_bs, dtype=i32, device=self.device))
+        self._graph_bufs = (
+            torch.zeros(max_bs + 1, dtype=i32, device=self.device),
+            torch.zeros(max_bs * max_pages_per_seq, dtype=i32, device=self.device),
+            torch.ones(max_bs, dtype=i32, device=self.device),
+        )
 
-    def prepare_graph(self, bs: int, slots: torch.Tensor, seq_lens: list[int] | None = None,
-                      tables: list[list[int]] | None = None) -> None:
+    def prepare_graph(
+        self,
+        bs: int,
+        slots: torch.Tensor,
+        seq_lens: list[int] | None = None,
+        tables: list[list[int]] | None = None,
+    ) -> None:
         """Plan the graph wrapper of size bs; rows past the real batch are one-token sequences on page 0."""
         wrapper = self._graph_wrappers.get(bs)
         if wrapper is None:

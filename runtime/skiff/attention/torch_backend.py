@@ -43,14 +43,17 @@ class TorchBackend(AttentionBackend):
             table = torch.zeros(nd, max_pages, dtype=torch.int64)  # page 0 pads: masked below
             for i, pages in enumerate(batch.page_tables[:nd]):
                 table[i, : len(pages)] = torch.tensor(pages[:max_pages], dtype=torch.int64)
-            self.in_place = (device.type == "cpu" and self.pool.compute_dtype == torch.float32
-                             and cpu_kernels.available())
+            self.in_place = (
+                device.type == "cpu" and self.pool.compute_dtype == torch.float32 and cpu_kernels.available()
+            )
             if self.in_place:  # the kernel takes the page table as is: no padding to mask
                 self.decode_table, self.decode_lens = table, torch.tensor(lens, dtype=torch.int64)
             else:
                 self.decode_pages = table.reshape(-1).to(device)
                 self.decode_span = max_pages * ps
-                if min(lens) < self.decode_span:  # mask the tail of each padded row, shaped to broadcast over heads
+                if (
+                    min(lens) < self.decode_span
+                ):  # mask the tail of each padded row, shaped to broadcast over heads
                     valid = torch.arange(self.decode_span).unsqueeze(0) < torch.tensor(lens).unsqueeze(1)
                     self.decode_mask = valid[:, None, None, :].to(device)
         self.prefills: list[_Prefill] = []
@@ -77,25 +80,41 @@ class TorchBackend(AttentionBackend):
             qi = _heads_first(q[p.rows])
             if p.kv_slots is None:
                 ki, vi = _heads_first(k[p.rows]), _heads_first(v[p.rows])
-                oi = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=self.scale, enable_gqa=True)
+                oi = F.scaled_dot_product_attention(
+                    qi, ki, vi, is_causal=True, scale=self.scale, enable_gqa=True
+                )
             else:
                 ki = _heads_first(k_buf.index_select(0, p.kv_slots).to(q.dtype))
                 vi = _heads_first(v_buf.index_select(0, p.kv_slots).to(q.dtype))
-                oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=p.mask, scale=self.scale, enable_gqa=True)
+                oi = F.scaled_dot_product_attention(
+                    qi, ki, vi, attn_mask=p.mask, scale=self.scale, enable_gqa=True
+                )
             out[p.rows] = oi[0].transpose(0, 1)
         return out
 
     def _decode(self, q: torch.Tensor, layer: int) -> torch.Tensor:
         b, ps = q.shape[0], self.pool.page_size
         if self.in_place:
-            return cpu_kernels.ops().paged_decode_attention(q, self.pool.k[layer], self.pool.v[layer], self.decode_table,
-                                                            self.decode_lens, ps, self.scale)
+            return cpu_kernels.ops().paged_decode_attention(
+                q, self.pool.k[layer], self.pool.v[layer], self.decode_table, self.decode_lens, ps, self.scale
+            )
         # Gather whole pages (one contiguous block each) rather than single slots: far fewer, larger copies.
         assert self.decode_pages is not None
         k_pages = self.pool.k[layer].view(-1, ps, *self.pool.k[layer].shape[1:])
         v_pages = self.pool.v[layer].view(-1, ps, *self.pool.v[layer].shape[1:])
-        keys = k_pages.index_select(0, self.decode_pages).to(q.dtype).view(b, self.decode_span, -1, q.shape[-1]).transpose(1, 2)
-        values = v_pages.index_select(0, self.decode_pages).to(q.dtype).view(b, self.decode_span, -1, q.shape[-1]).transpose(1, 2)
-        out = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=self.decode_mask,
-                                             scale=self.scale, enable_gqa=True)
+        keys = (
+            k_pages.index_select(0, self.decode_pages)
+            .to(q.dtype)
+            .view(b, self.decode_span, -1, q.shape[-1])
+            .transpose(1, 2)
+        )
+        values = (
+            v_pages.index_select(0, self.decode_pages)
+            .to(q.dtype)
+            .view(b, self.decode_span, -1, q.shape[-1])
+            .transpose(1, 2)
+        )
+        out = F.scaled_dot_product_attention(
+            q.unsqueeze(2), keys, values, attn_mask=self.decode_mask, scale=self.scale, enable_gqa=True
+        )
         return out.squeeze(2)  # [B, Hq, 1, D] -> [B, Hq, D]

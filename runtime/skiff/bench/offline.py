@@ -28,13 +28,20 @@ class OfflineWorkload:
 
     def build(self) -> tuple[list[list[int]], list[int]]:
         rng = random.Random(self.seed)
-        prompts = [[rng.randint(0, self.max_token_id) for _ in range(rng.randint(self.min_input_len, self.max_input_len))]
-                   for _ in range(self.num_seqs)]
+        prompts = [
+            [
+                rng.randint(0, self.max_token_id)
+                for _ in range(rng.randint(self.min_input_len, self.max_input_len))
+            ]
+            for _ in range(self.num_seqs)
+        ]
         outputs = [rng.randint(self.min_output_len, self.max_output_len) for _ in range(self.num_seqs)]
         return prompts, outputs
 
 
-def run_offline(workload: OfflineWorkload, engine_kwargs: dict[str, Any], warmup: bool = True) -> dict[str, Any]:
+def run_offline(
+    workload: OfflineWorkload, engine_kwargs: dict[str, Any], warmup: bool = True
+) -> dict[str, Any]:
     from skiff import LLM, SamplingParams
 
     prompts, outputs = workload.build()
@@ -42,10 +49,15 @@ def run_offline(workload: OfflineWorkload, engine_kwargs: dict[str, Any], warmup
     llm = LLM(**engine_kwargs)
     load_s = time.perf_counter() - t_load
     try:
-        params = [SamplingParams(max_tokens=n, temperature=workload.temperature, ignore_eos=workload.ignore_eos)
-                  for n in outputs]
+        params = [
+            SamplingParams(max_tokens=n, temperature=workload.temperature, ignore_eos=workload.ignore_eos)
+            for n in outputs
+        ]
         if warmup:
-            llm.generate(prompts[: min(4, len(prompts))], SamplingParams(max_tokens=8, temperature=workload.temperature))
+            llm.generate(
+                prompts[: min(4, len(prompts))],
+                SamplingParams(max_tokens=8, temperature=workload.temperature),
+            )
         t0 = time.perf_counter()
         results = llm.generate(prompts, params)
         wall = time.perf_counter() - t0

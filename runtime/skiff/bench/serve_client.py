@@ -47,8 +47,13 @@ class ServeTarget:
         return self.base_url.rstrip("/") + ("/chat/completions" if self.api == "chat" else "/completions")
 
     def body(self, req: BenchRequest) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": self.model, "max_tokens": req.max_tokens, "temperature": self.temperature,
-                                "stream": True, "stream_options": {"include_usage": True}}
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": req.max_tokens,
+            "temperature": self.temperature,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         if self.api == "chat":
             body["messages"] = [{"role": "user", "content": req.prompt}]
         else:
@@ -106,9 +111,17 @@ async def send_one(client: httpx.AsyncClient, target: ServeTarget, req: BenchReq
     return res
 
 
-async def run_load(target: ServeTarget, requests: list[BenchRequest], request_rate: float,
-                   max_concurrency: int | None, seed: int, progress: bool = True) -> tuple[list[RequestResult], float]:
-    limits = httpx.Limits(max_connections=max_concurrency or len(requests) or 1, max_keepalive_connections=256)
+async def run_load(
+    target: ServeTarget,
+    requests: list[BenchRequest],
+    request_rate: float,
+    max_concurrency: int | None,
+    seed: int,
+    progress: bool = True,
+) -> tuple[list[RequestResult], float]:
+    limits = httpx.Limits(
+        max_connections=max_concurrency or len(requests) or 1, max_keepalive_connections=256
+    )
     gate = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     rng = random.Random(seed)
     bar = None
@@ -118,6 +131,7 @@ async def run_load(target: ServeTarget, requests: list[BenchRequest], request_ra
         bar = tqdm(total=len(requests), desc="requests", unit="req")
 
     async with httpx.AsyncClient(timeout=httpx.Timeout(target.timeout), limits=limits) as client:
+
         async def guarded(req: BenchRequest) -> RequestResult:
             if gate is None:
                 result = await send_one(client, target, req)
@@ -151,8 +165,10 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def _dist(values: list[float], scale: float = 1000.0) -> dict[str, float]:
-    return {"mean": scale * sum(values) / len(values) if values else 0.0,
-            **{f"p{q}": scale * _pct(values, q) for q in (50, 90, 99)}}
+    return {
+        "mean": scale * sum(values) / len(values) if values else 0.0,
+        **{f"p{q}": scale * _pct(values, q) for q in (50, 90, 99)},
+    }
 
 
 def summarize(results: list[RequestResult], duration: float) -> dict[str, Any]:
@@ -162,17 +178,23 @@ def summarize(results: list[RequestResult], duration: float) -> dict[str, Any]:
     tpot = [(r.e2e - r.ttft) / (r.output_len - 1) for r in ok if r.output_len > 1]
     itl = [gap for r in ok for gap in r.itl]
     return {
-        "completed": len(ok), "failed": len(results) - len(ok),
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
         "errors": sorted({r.error for r in results if not r.ok})[:5],
         "duration_s": duration,
-        "input_tokens": in_tokens, "output_tokens": out_tokens,
+        "input_tokens": in_tokens,
+        "output_tokens": out_tokens,
         "request_throughput": len(ok) / duration if duration else 0.0,
         "input_throughput": in_tokens / duration if duration else 0.0,
         "output_throughput": out_tokens / duration if duration else 0.0,
-        "ttft_ms": _dist([r.ttft for r in ok]), "tpot_ms": _dist(tpot), "itl_ms": _dist(itl),
+        "ttft_ms": _dist([r.ttft for r in ok]),
+        "tpot_ms": _dist(tpot),
+        "itl_ms": _dist(itl),
         "e2e_ms": _dist([r.e2e for r in ok]),
-        "per_stream_output_tok_s": _dist([(r.output_len - 1) / (r.e2e - r.ttft) for r in ok
-                                          if r.output_len > 1 and r.e2e > r.ttft], scale=1.0),
+        "per_stream_output_tok_s": _dist(
+            [(r.output_len - 1) / (r.e2e - r.ttft) for r in ok if r.output_len > 1 and r.e2e > r.ttft],
+            scale=1.0,
+        ),
     }
 
 
@@ -184,7 +206,9 @@ def format_summary(s: dict[str, Any]) -> str:
     ]
     for key, name in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2e_ms", "E2E")):
         d = s[key]
-        lines.append(f"{name:5s} ms: mean {d['mean']:.1f}  p50 {d['p50']:.1f}  p90 {d['p90']:.1f}  p99 {d['p99']:.1f}")
+        lines.append(
+            f"{name:5s} ms: mean {d['mean']:.1f}  p50 {d['p50']:.1f}  p90 {d['p90']:.1f}  p99 {d['p99']:.1f}"
+        )
     if s["errors"]:
         lines.append("errors: " + "; ".join(s["errors"]))
     return "\n".join(lines)
@@ -212,6 +236,11 @@ def plot(results: list[RequestResult], path: str) -> bool:
     return True
 
 
-def result_json(summary: dict[str, Any], config: dict[str, Any], results: list[RequestResult]) -> dict[str, Any]:
-    return {"config": config, "summary": summary,
-            "requests": [{k: v for k, v in asdict(r).items() if k != "itl"} for r in results]}
+def result_json(
+    summary: dict[str, Any], config: dict[str, Any], results: list[RequestResult]
+) -> dict[str, Any]:
+    return {
+        "config": config,
+        "summary": summary,
+        "requests": [{k: v for k, v in asdict(r).items() if k != "itl"} for r in results],
+    }

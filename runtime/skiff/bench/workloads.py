@@ -6,7 +6,77 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-_WORDS = ["the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "was", "with", "be", "by", "on", "not", "he", "this", "are", "or", "his", "from", "at", "which", "but", "have", "an", "they", "you", "were", "her", "she", "there", "been", "one", "all", "we", "their", "has", "would", "when", "if", "so", "no", "will", "more", "can", "out", "up", "about", "into", "them", "some", "what", "time", "could", "other", "than", "then", "now", "only", "its", "over", "also", "new", "two", "may", "any", "after"]
+_WORDS = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "that",
+    "for",
+    "it",
+    "as",
+    "was",
+    "with",
+    "be",
+    "by",
+    "on",
+    "not",
+    "he",
+    "this",
+    "are",
+    "or",
+    "his",
+    "from",
+    "at",
+    "which",
+    "but",
+    "have",
+    "an",
+    "they",
+    "you",
+    "were",
+    "her",
+    "she",
+    "there",
+    "been",
+    "one",
+    "all",
+    "we",
+    "their",
+    "has",
+    "would",
+    "when",
+    "if",
+    "so",
+    "no",
+    "will",
+    "more",
+    "can",
+    "out",
+    "up",
+    "about",
+    "into",
+    "them",
+    "some",
+    "what",
+    "time",
+    "could",
+    "other",
+    "than",
+    "then",
+    "now",
+    "only",
+    "its",
+    "over",
+    "also",
+    "new",
+    "two",
+    "may",
+    "any",
+    "after",
+]
 
 
 @dataclass
@@ -42,8 +112,9 @@ def _lengths(rng: random.Random, n: int, length: int, ratio: float) -> list[int]
     return [rng.randint(lo, max(lo, length)) for _ in range(n)]
 
 
-def random_workload(maker: PromptMaker, num: int, input_len: int, output_len: int, range_ratio: float,
-                    as_ids: bool) -> list[BenchRequest]:
+def random_workload(
+    maker: PromptMaker, num: int, input_len: int, output_len: int, range_ratio: float, as_ids: bool
+) -> list[BenchRequest]:
     rng = maker.rng
     ins, outs = _lengths(rng, num, input_len, range_ratio), _lengths(rng, num, output_len, range_ratio)
     reqs = []
@@ -56,8 +127,9 @@ def random_workload(maker: PromptMaker, num: int, input_len: int, output_len: in
     return reqs
 
 
-def shared_prefix_workload(maker: PromptMaker, num: int, groups: int, prefix_len: int, suffix_len: int,
-                           output_len: int, as_ids: bool) -> list[BenchRequest]:
+def shared_prefix_workload(
+    maker: PromptMaker, num: int, groups: int, prefix_len: int, suffix_len: int, output_len: int, as_ids: bool
+) -> list[BenchRequest]:
     """`groups` system prompts of prefix_len tokens; each request adds its own suffix_len-token question."""
     reqs = []
     prefixes = [maker.ids(prefix_len) if as_ids else maker.text(prefix_len) for _ in range(groups)]

@@ -23,7 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     w.add_argument("--max-input-len", type=int, default=1024)
     w.add_argument("--min-output-len", type=int, default=100)
     w.add_argument("--max-output-len", type=int, default=1024)
-    w.add_argument("--max-token-id", type=int, default=10000, help="prompt token ids are drawn from [0, this]")
+    w.add_argument(
+        "--max-token-id", type=int, default=10000, help="prompt token ids are drawn from [0, this]"
+    )
     w.add_argument("--temperature", type=float, default=0.6)
     w.add_argument("--seed", type=int, default=0)
     w.add_argument("--no-ignore-eos", action="store_true")
@@ -39,13 +41,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     srv.add_argument("--num-prompts", type=int, default=64)
     srv.add_argument("--random-input-len", type=int, default=256)
     srv.add_argument("--random-output-len", type=int, default=128)
-    srv.add_argument("--random-range-ratio", type=float, default=1.0, help="lengths uniform in [ratio*len, len]")
+    srv.add_argument(
+        "--random-range-ratio", type=float, default=1.0, help="lengths uniform in [ratio*len, len]"
+    )
     srv.add_argument("--shared-prefix-groups", type=int, default=4)
     srv.add_argument("--shared-prefix-len", type=int, default=512)
     srv.add_argument("--shared-suffix-len", type=int, default=64)
     srv.add_argument("--prompt-ids", action="store_true", help="send token-id prompts (completions API only)")
-    srv.add_argument("--tokenizer", default=None, help="for exact prompt lengths (default: the embedded model's)")
-    srv.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s (Poisson); inf: all at once")
+    srv.add_argument(
+        "--tokenizer", default=None, help="for exact prompt lengths (default: the embedded model's)"
+    )
+    srv.add_argument(
+        "--request-rate", type=float, default=float("inf"), help="requests/s (Poisson); inf: all at once"
+    )
     srv.add_argument("--max-concurrency", type=int, default=None)
     srv.add_argument("--temperature", type=float, default=0.0)
     srv.add_argument("--no-ignore-eos", action="store_true")
@@ -70,11 +78,22 @@ def run_offline_cmd(args: argparse.Namespace) -> int:
     cfg = engine_config(args)
     kwargs = {k: v for k, v in vars(cfg).items() if k not in ("model", "tokenizer")}
     kwargs.update(model=cfg.model, tokenizer=cfg.tokenizer)
-    wl = OfflineWorkload(args.num_seqs, args.min_input_len, args.max_input_len, args.min_output_len,
-                         args.max_output_len, args.max_token_id, args.temperature, args.seed, not args.no_ignore_eos)
+    wl = OfflineWorkload(
+        args.num_seqs,
+        args.min_input_len,
+        args.max_input_len,
+        args.min_output_len,
+        args.max_output_len,
+        args.max_token_id,
+        args.temperature,
+        args.seed,
+        not args.no_ignore_eos,
+    )
     res = run_offline(wl, kwargs, warmup=not args.no_warmup)
-    print(f"{res['output_tokens']} output tokens ({res['input_tokens']} input) in {res['wall_seconds']:.2f} s: "
-          f"{res['output_throughput']:.1f} output tok/s, {res['total_throughput']:.1f} total tok/s")
+    print(
+        f"{res['output_tokens']} output tokens ({res['input_tokens']} input) in {res['wall_seconds']:.2f} s: "
+        f"{res['output_throughput']:.1f} output tok/s, {res['total_throughput']:.1f} total tok/s"
+    )
     _write(args.output_json, res)
     return 0
 
@@ -103,7 +122,9 @@ def run_serve_cmd(args: argparse.Namespace) -> int:
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     if model is None:
         try:
-            model = httpx.get(args.base_url.rstrip("/") + "/models", headers=headers, timeout=30).json()["data"][0]["id"]
+            model = httpx.get(args.base_url.rstrip("/") + "/models", headers=headers, timeout=30).json()[
+                "data"
+            ][0]["id"]
         except (httpx.HTTPError, KeyError, IndexError, ValueError) as e:
             print(f"cannot list models at {args.base_url}: {e}; pass --model", file=sys.stderr)
             return 2
@@ -115,18 +136,38 @@ def run_serve_cmd(args: argparse.Namespace) -> int:
         print("--prompt-ids needs a tokenizer", file=sys.stderr)
         return 2
     if args.dataset == "random":
-        reqs = random_workload(maker, args.num_prompts, args.random_input_len, args.random_output_len,
-                               args.random_range_ratio, args.prompt_ids)
+        reqs = random_workload(
+            maker,
+            args.num_prompts,
+            args.random_input_len,
+            args.random_output_len,
+            args.random_range_ratio,
+            args.prompt_ids,
+        )
     else:
-        reqs = shared_prefix_workload(maker, args.num_prompts, args.shared_prefix_groups, args.shared_prefix_len,
-                                      args.shared_suffix_len, args.random_output_len, args.prompt_ids)
-    target = sc.ServeTarget(args.base_url, model, args.api, args.api_key, not args.no_ignore_eos,
-                            args.temperature, args.timeout)
+        reqs = shared_prefix_workload(
+            maker,
+            args.num_prompts,
+            args.shared_prefix_groups,
+            args.shared_prefix_len,
+            args.shared_suffix_len,
+            args.random_output_len,
+            args.prompt_ids,
+        )
+    target = sc.ServeTarget(
+        args.base_url, model, args.api, args.api_key, not args.no_ignore_eos, args.temperature, args.timeout
+    )
     if args.warmup_requests:
-        warm = [sc.BenchRequest(r.prompt, r.prompt_len, min(r.max_tokens, 16)) for r in reqs[: args.warmup_requests]]
+        warm = [
+            sc.BenchRequest(r.prompt, r.prompt_len, min(r.max_tokens, 16))
+            for r in reqs[: args.warmup_requests]
+        ]
         asyncio.run(sc.run_load(target, warm, float("inf"), None, args.seed, progress=False))
-    results, duration = asyncio.run(sc.run_load(target, reqs, args.request_rate, args.max_concurrency, args.seed,
-                                                progress=not args.no_progress))
+    results, duration = asyncio.run(
+        sc.run_load(
+            target, reqs, args.request_rate, args.max_concurrency, args.seed, progress=not args.no_progress
+        )
+    )
     summary = sc.summarize(results, duration)
     print(sc.format_summary(summary))
     config = {k: v for k, v in vars(args).items() if k not in ("api_key", "func")}

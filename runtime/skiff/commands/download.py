@@ -11,8 +11,12 @@ from skiff.download import DEFAULT_EXCLUDE, DownloadError, fetch, write_terminat
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", help="hf://org/name[@revision], pvc://claim/path or file:///path")
     parser.add_argument("--dest", help="target directory (hf://) or the claim's mount point (pvc://)")
-    parser.add_argument("--exclude", action="append", default=None,
-                        help=f"glob of repository files to skip (repeatable; default: {' '.join(DEFAULT_EXCLUDE)})")
+    parser.add_argument(
+        "--exclude",
+        action="append",
+        default=None,
+        help=f"glob of repository files to skip (repeatable; default: {' '.join(DEFAULT_EXCLUDE)})",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,7 +11,9 @@ from skiff.commands.serve import add_engine_arguments, engine_config
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompts", nargs="*", help="prompts (default: one per line on stdin)")
-    parser.add_argument("--chat", action="store_true", help="wrap each prompt as a user message (chat template)")
+    parser.add_argument(
+        "--chat", action="store_true", help="wrap each prompt as a user message (chat template)"
+    )
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=1.0)
@@ -32,9 +34,16 @@ def run(args: argparse.Namespace) -> int:
         print("skiff generate: no prompts", file=sys.stderr)
         return 2
     try:
-        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                                top_k=args.top_k, min_p=args.min_p, seed=args.sampling_seed, stop=args.stop,
-                                ignore_eos=args.ignore_eos)
+        params = SamplingParams(
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            min_p=args.min_p,
+            seed=args.sampling_seed,
+            stop=args.stop,
+            ignore_eos=args.ignore_eos,
+        )
         cfg = engine_config(args)
     except (InvalidRequest, ValueError) as e:
         print(f"skiff generate: {e}", file=sys.stderr)
@@ -43,8 +52,12 @@ def run(args: argparse.Namespace) -> int:
     with LLM(cfg.model, cfg.tokenizer, **kwargs) as llm:
         inputs: list[str | list[int]] = list(prompts)
         if args.chat:
-            inputs = [llm.tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                                        add_generation_prompt=True) for p in prompts]
+            inputs = [
+                llm.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
+                )
+                for p in prompts
+            ]
             inputs = [llm.tokenizer.encode(t, add_special_tokens=False) for t in inputs]  # type: ignore[arg-type]
         try:
             outs = llm.generate(inputs, params)
@@ -53,8 +66,17 @@ def run(args: argparse.Namespace) -> int:
             return 2
     for prompt, out in zip(prompts, outs, strict=True):
         if args.json:
-            print(json.dumps({"prompt": prompt, "text": out.text, "finish_reason": out.finish_reason,
-                              "completion_tokens": len(out.token_ids)}, ensure_ascii=False))
+            print(
+                json.dumps(
+                    {
+                        "prompt": prompt,
+                        "text": out.text,
+                        "finish_reason": out.finish_reason,
+                        "completion_tokens": len(out.token_ids),
+                    },
+                    ensure_ascii=False,
+                )
+            )
         else:
             print(out.text)
     return 0

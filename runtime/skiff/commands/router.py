@@ -11,27 +11,60 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=8080)
     src = parser.add_mutually_exclusive_group()
-    src.add_argument("--static", metavar="FILE",
-                     help="YAML/JSON file listing services, endpoints and api keys (re-read when it changes)")
-    src.add_argument("--namespace", action="append", default=None,
-                     help="watch this namespace (repeatable; default: all namespaces)")
-    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster credentials, else ~/.kube/config)")
-    parser.add_argument("--refresh-interval", type=float, default=2.0, help="seconds between discovery refreshes")
-    parser.add_argument("--hold-cap", type=int, default=64,
-                        help="requests held per model while it has no ready replica; more get 503")
-    parser.add_argument("--hold-timeout", type=float, default=120.0,
-                        help="seconds a held request waits for a replica before 503 + Retry-After")
-    parser.add_argument("--keepalive-interval", type=float, default=5.0,
-                        help="seconds between SSE progress comments on held streaming requests")
+    src.add_argument(
+        "--static",
+        metavar="FILE",
+        help="YAML/JSON file listing services, endpoints and api keys (re-read when it changes)",
+    )
+    src.add_argument(
+        "--namespace",
+        action="append",
+        default=None,
+        help="watch this namespace (repeatable; default: all namespaces)",
+    )
+    parser.add_argument(
+        "--kubeconfig", help="kubeconfig file (default: in-cluster credentials, else ~/.kube/config)"
+    )
+    parser.add_argument(
+        "--refresh-interval", type=float, default=2.0, help="seconds between discovery refreshes"
+    )
+    parser.add_argument(
+        "--hold-cap",
+        type=int,
+        default=64,
+        help="requests held per model while it has no ready replica; more get 503",
+    )
+    parser.add_argument(
+        "--hold-timeout",
+        type=float,
+        default=120.0,
+        help="seconds a held request waits for a replica before 503 + Retry-After",
+    )
+    parser.add_argument(
+        "--keepalive-interval",
+        type=float,
+        default=5.0,
+        help="seconds between SSE progress comments on held streaming requests",
+    )
     parser.add_argument("--retry-after", type=int, default=10, help="Retry-After seconds sent with 503")
     parser.add_argument("--max-attempts", type=int, default=3, help="endpoints tried before the first byte")
-    parser.add_argument("--require-api-key", action="store_true",
-                        help="every model needs a key (otherwise only models with an apiKeySecretRef)")
-    parser.add_argument("--quota-replicas", type=int, default=1,
-                        help="router replicas sharing the API-key quotas: each enforces 1/N of every limit")
-    parser.add_argument("--peers-service", default=None,
-                        help="the routers' own Service: its ready endpoints give --quota-replicas while running "
-                             "(namespace from $POD_NAMESPACE)")
+    parser.add_argument(
+        "--require-api-key",
+        action="store_true",
+        help="every model needs a key (otherwise only models with an apiKeySecretRef)",
+    )
+    parser.add_argument(
+        "--quota-replicas",
+        type=int,
+        default=1,
+        help="router replicas sharing the API-key quotas: each enforces 1/N of every limit",
+    )
+    parser.add_argument(
+        "--peers-service",
+        default=None,
+        help="the routers' own Service: its ready endpoints give --quota-replicas while running "
+        "(namespace from $POD_NAMESPACE)",
+    )
     parser.add_argument("--log-level", default="info")
 
 
@@ -40,7 +73,9 @@ def run(args: argparse.Namespace) -> int:
 
     from skiff.router.app import RouterConfig, create_app
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     if args.static:
         from skiff.router.discovery import StaticSource
 
@@ -48,16 +83,30 @@ def run(args: argparse.Namespace) -> int:
     else:
         from skiff.router.kube import KubeSource
 
-        source = KubeSource(namespaces=tuple(args.namespace or ()), interval=args.refresh_interval,
-                            kubeconfig=args.kubeconfig, peers_service=args.peers_service,
-                            peers_namespace=os.environ.get("POD_NAMESPACE", "default"))
+        source = KubeSource(
+            namespaces=tuple(args.namespace or ()),
+            interval=args.refresh_interval,
+            kubeconfig=args.kubeconfig,
+            peers_service=args.peers_service,
+            peers_namespace=os.environ.get("POD_NAMESPACE", "default"),
+        )
     for name in ("hold_cap", "max_attempts", "quota_replicas"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 1")
-    config = RouterConfig(hold_cap=args.hold_cap, hold_timeout=args.hold_timeout,
-                          keepalive_interval=args.keepalive_interval, retry_after=args.retry_after,
-                          max_attempts=args.max_attempts, require_api_key=args.require_api_key,
-                          quota_replicas=args.quota_replicas)
-    uvicorn.run(create_app(source, config), host=args.host, port=args.port, log_level=args.log_level.lower(),
-                timeout_graceful_shutdown=30)
+    config = RouterConfig(
+        hold_cap=args.hold_cap,
+        hold_timeout=args.hold_timeout,
+        keepalive_interval=args.keepalive_interval,
+        retry_after=args.retry_after,
+        max_attempts=args.max_attempts,
+        require_api_key=args.require_api_key,
+        quota_replicas=args.quota_replicas,
+    )
+    uvicorn.run(
+        create_app(source, config),
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level.lower(),
+        timeout_graceful_shutdown=30,
+    )
     return 0

@@ -69,8 +69,13 @@ class DecodeGraphs:
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - t0
-        log.info("captured %d decode CUDA graphs (bs %d..%d) in %.1f s", len(self.sizes), self.sizes[0],
-                 self.max_bs, self.capture_seconds)
+        log.info(
+            "captured %d decode CUDA graphs (bs %d..%d) in %.1f s",
+            len(self.sizes),
+            self.sizes[0],
+            self.max_bs,
+            self.capture_seconds,
+        )
 
     def can_run(self, batch: ForwardBatch) -> bool:
         return batch.is_decode and batch.num_seqs <= self.max_bs

@@ -97,7 +97,9 @@ class Engine:
         self.model_path, weights = checkpoint_dir(cfg)
         self.model_config = self.runner.model_cfg
         self.eos_token_ids = _eos_ids(self.model_config, weights)
-        self.max_context_len = min(cfg.context_length or self.model_config.max_position, self.model_config.max_position)
+        self.max_context_len = min(
+            cfg.context_length or self.model_config.max_position, self.model_config.max_position
+        )
         self.cache = CACHE_MANAGERS[cfg.cache](self.runner.num_pages, cfg.page_size)
         self.scheduler = Scheduler(cfg, self.cache)
         self._arrivals = 0
@@ -115,14 +117,18 @@ class Engine:
         if not input_ids:
             raise InvalidRequest("the prompt is empty: at least one token is required")
         if len(input_ids) >= self.max_context_len:
-            raise InvalidRequest(f"the prompt has {len(input_ids)} tokens, but the context length is "
-                                 f"{self.max_context_len} (prompt plus at least one generated token)")
+            raise InvalidRequest(
+                f"the prompt has {len(input_ids)} tokens, but the context length is "
+                f"{self.max_context_len} (prompt plus at least one generated token)"
+            )
         vocab = self.model_config.vocab_size
         if any(not 0 <= t < vocab for t in input_ids):
             raise InvalidRequest(f"prompt token ids must be in [0, {vocab})")
         capacity = self.cache.total_pages * self.cfg.page_size
         if len(input_ids) >= capacity:
-            raise InvalidRequest(f"the prompt has {len(input_ids)} tokens, more than the KV cache holds ({capacity})")
+            raise InvalidRequest(
+                f"the prompt has {len(input_ids)} tokens, more than the KV cache holds ({capacity})"
+            )
         params.validate()
         gen = None
         if params.seed is not None and not params.greedy:
@@ -167,8 +173,17 @@ class Engine:
         sampling = [s for s in batch.seqs if s.samples]
         reqs = [s.req for s in sampling]
         sampler = sample_on_host if logits.is_cuda else sample
-        result = sampler(logits, [r.params for r in reqs], [r.generator for r in reqs],
-                         [r.prompt_ids for r in reqs], [r.output_ids for r in reqs]) if reqs else None
+        result = (
+            sampler(
+                logits,
+                [r.params for r in reqs],
+                [r.generator for r in reqs],
+                [r.prompt_ids for r in reqs],
+                [r.output_ids for r in reqs],
+            )
+            if reqs
+            else None
+        )
         for s in batch.seqs:
             s.req.kv_len = s.start + s.q_len
             if not s.req.prompt_cached and s.req.kv_len >= len(s.req.prompt_ids):
@@ -183,7 +198,11 @@ class Engine:
             r.output_ids.append(token)
             self.generation_tokens += 1
             lp = [result.logprobs[i]] if result.logprobs is not None and r.params.logprobs else None
-            top = [result.top_logprobs[i]] if result.top_logprobs is not None and r.params.top_logprobs else None
+            top = (
+                [result.top_logprobs[i]]
+                if result.top_logprobs is not None and r.params.top_logprobs
+                else None
+            )
             reason = self._finish_reason(r, token)
             if reason is not None:
                 self.scheduler.finish(r)
@@ -200,10 +219,26 @@ class Engine:
             return "length"
         return None
 
-    def _output(self, r: Req, tokens: list[int], reason: str | None, lp: list[float] | None = None,
-                top: list[dict[int, float]] | None = None, num_output: int | None = None) -> StepOutput:
-        return StepOutput(r.rid, tokens, lp, top, reason, r.matched_stop if reason == "stop" else None,  # type: ignore[arg-type]
-                          len(r.prompt_ids), r.cached_tokens, len(r.output_ids) if num_output is None else num_output)
+    def _output(
+        self,
+        r: Req,
+        tokens: list[int],
+        reason: str | None,
+        lp: list[float] | None = None,
+        top: list[dict[int, float]] | None = None,
+        num_output: int | None = None,
+    ) -> StepOutput:
+        return StepOutput(
+            r.rid,
+            tokens,
+            lp,
+            top,
+            reason,
+            r.matched_stop if reason == "stop" else None,  # type: ignore[arg-type]
+            len(r.prompt_ids),
+            r.cached_tokens,
+            len(r.output_ids) if num_output is None else num_output,
+        )
 
     # ------------------------------------------------------------------------------------------ inspection
     def prefill_logits(self, token_ids: list[int]) -> torch.Tensor:
@@ -216,9 +251,17 @@ class Engine:
             raise InvalidRequest("the KV cache has no room for this prompt now")
         try:
             r = Req("prefill_logits", list(token_ids), SamplingParams(), 0, pages=pages)
-            plan = {"op": "forward", "ids": list(token_ids), "pos": list(range(n)),
-                    "slots": slots_for(pages, 0, n, self.cfg.page_size), "rows": list(range(n)),
-                    "q_lens": [n], "seq_lens": [n], "tables": [r.pages], "nd": 0}
+            plan = {
+                "op": "forward",
+                "ids": list(token_ids),
+                "pos": list(range(n)),
+                "slots": slots_for(pages, 0, n, self.cfg.page_size),
+                "rows": list(range(n)),
+                "q_lens": [n],
+                "seq_lens": [n],
+                "tables": [r.pages],
+                "nd": 0,
+            }
             return self._forward(plan)
         finally:
             self.cache.allocator.free(pages)
@@ -228,11 +271,17 @@ class Engine:
         used = sum(len(r.pages) - r.cached_pages for r in self.scheduler.running)
         free = c.allocator.num_free
         return EngineStats(
-            num_running=len(self.scheduler.running), num_queued=len(self.scheduler.waiting),
-            total_pages=c.total_pages, free_pages=free, cached_pages=c.num_cached_pages, used_pages=used,
+            num_running=len(self.scheduler.running),
+            num_queued=len(self.scheduler.waiting),
+            total_pages=c.total_pages,
+            free_pages=free,
+            cached_pages=c.num_cached_pages,
+            used_pages=used,
             token_usage=1.0 - (free + c.num_evictable_pages) / c.total_pages if c.total_pages else 0.0,
-            cache_hit_tokens=self.cache_hit_tokens, prompt_tokens=self.prompt_tokens,
-            generation_tokens=self.generation_tokens, num_preemptions=self.scheduler.num_retractions,
+            cache_hit_tokens=self.cache_hit_tokens,
+            prompt_tokens=self.prompt_tokens,
+            generation_tokens=self.generation_tokens,
+            num_preemptions=self.scheduler.num_retractions,
             page_size=self.cfg.page_size,
         )
 

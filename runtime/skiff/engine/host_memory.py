@@ -29,6 +29,8 @@ def retain_freed_heap() -> bool:
         mallopt = ctypes.CDLL(name).mallopt
     except (OSError, AttributeError):
         return False
-    ok = bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)) and bool(mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
+    ok = bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)) and bool(
+        mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
+    )
     log.debug("glibc heap thresholds raised: %s", ok)
     return ok

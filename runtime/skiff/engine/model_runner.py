@@ -36,8 +36,15 @@ def resolve_dtype(cfg: EngineConfig, device: torch.device) -> torch.dtype:
 
 
 class ModelRunner:
-    def __init__(self, cfg: EngineConfig, path: Path, raw_cfg: dict[str, Any], model_cfg: ModelConfig,
-                 device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        path: Path,
+        raw_cfg: dict[str, Any],
+        model_cfg: ModelConfig,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> None:
         if device.type == "cuda":
             if device.index is None:  # set_device and the CUDA graph pool need an explicit index
                 device = torch.device("cuda", torch.cuda.current_device())
@@ -48,37 +55,58 @@ class ModelRunner:
         cos_sin = model.rotary.cos_sin  # built in fp32: keep that copy, not one rounded through `dtype`
         model.to(dtype)
         model.rotary.cos_sin = cos_sin
-        load_weights(model, (( n, t.to(dtype)) for n, t in iter_tensors(path, raw_cfg)), model_cfg.tie_word_embeddings)
+        load_weights(
+            model, ((n, t.to(dtype)) for n, t in iter_tensors(path, raw_cfg)), model_cfg.tie_word_embeddings
+        )
         if cfg.quantization is not None:
             check_supported(cfg.quantization, device, dtype)
             log.info("int8: quantized %d linear layers", quantize_linears(model))
         self.model = model.eval()
-        if device.type == "cpu" and dtype == torch.float32:  # build or load them now, not inside the first request
+        if (
+            device.type == "cpu" and dtype == torch.float32
+        ):  # build or load them now, not inside the first request
             log.info("CPU kernels: %s", "on" if cpu_kernels.available() else "off (pure-torch ops)")
         attn = model.layers[0].self_attn
         self.num_heads, self.num_kv_heads = attn.num_heads, attn.num_kv_heads
         self.kv_dtype = dtype if cfg.kv_cache_dtype == "auto" else DTYPES[cfg.kv_cache_dtype]
         if self.kv_dtype != dtype and device.type != "cpu":
-            raise ValueError("--kv-cache-dtype other than the model's dtype is a CPU path (the torch backend)")
+            raise ValueError(
+                "--kv-cache-dtype other than the model's dtype is a CPU path (the torch backend)"
+            )
         self.num_pages = self._num_pages()
-        self.pool = KVPool(model_cfg.num_layers, self.num_pages, cfg.page_size, self.num_kv_heads,
-                           model_cfg.head_dim, self.kv_dtype, device, compute_dtype=dtype)
+        self.pool = KVPool(
+            model_cfg.num_layers,
+            self.num_pages,
+            cfg.page_size,
+            self.num_kv_heads,
+            model_cfg.head_dim,
+            self.kv_dtype,
+            device,
+            compute_dtype=dtype,
+        )
         backend = cfg.attention_backend
         if backend == "auto":
             backend = "flashinfer" if device.type == "cuda" and _has_flashinfer() else "torch"
         self.backend = get_backend(backend)(self.pool, self.num_heads, self.num_kv_heads, model_cfg.head_dim)
         self.graphs = None
-        if (device.type == "cuda" and cfg.cuda_graph_max_bs > 0 and hasattr(self.backend, "prepare_graph")
-                and tp_info().size == 1):
+        if (
+            device.type == "cuda"
+            and cfg.cuda_graph_max_bs > 0
+            and hasattr(self.backend, "prepare_graph")
+            and tp_info().size == 1
+        ):
             from skiff.engine.cuda_graph import DecodeGraphs
 
             max_context = min(cfg.context_length or model_cfg.max_position, model_cfg.max_position)
-            self.graphs = DecodeGraphs(self, min(cfg.cuda_graph_max_bs, cfg.max_running_requests), max_context)
+            self.graphs = DecodeGraphs(
+                self, min(cfg.cuda_graph_max_bs, cfg.max_running_requests), max_context
+            )
             self.graphs.capture()
 
     def _num_pages(self) -> int:
-        per_token = KVPool.bytes_per_token(self.model_cfg.num_layers, self.num_kv_heads, self.model_cfg.head_dim,
-                                           self.kv_dtype)
+        per_token = KVPool.bytes_per_token(
+            self.model_cfg.num_layers, self.num_kv_heads, self.model_cfg.head_dim, self.kv_dtype
+        )
         if self.cfg.max_total_tokens is not None:
             tokens = self.cfg.max_total_tokens
         elif self.device.type == "cuda":

@@ -81,8 +81,17 @@ class OverlapLoop:
         logits = e.runner.forward(fb)
         sampling = [s for s in batch.seqs if s.samples]
         reqs = [s.req for s in sampling]
-        sample = sample_device(logits, [r.params for r in reqs], [r.generator for r in reqs],
-                               [r.prompt_ids for r in reqs], [r.output_ids for r in reqs]) if reqs else None
+        sample = (
+            sample_device(
+                logits,
+                [r.params for r in reqs],
+                [r.generator for r in reqs],
+                [r.prompt_ids for r in reqs],
+                [r.output_ids for r in reqs],
+            )
+            if reqs
+            else None
+        )
         for s in batch.seqs:
             r = s.req
             if r.finish_reason is not None:
@@ -113,7 +122,11 @@ class OverlapLoop:
             r.output_ids[idx] = token
             e.generation_tokens += 1
             lp = [result.logprobs[i]] if result.logprobs is not None and r.params.logprobs else None
-            top = [result.top_logprobs[i]] if result.top_logprobs is not None and r.params.top_logprobs else None
+            top = (
+                [result.top_logprobs[i]]
+                if result.top_logprobs is not None and r.params.top_logprobs
+                else None
+            )
             reason = e._finish_reason(r, token, idx + 1)
             if reason is not None:
                 del r.output_ids[idx + 1 :]  # the placeholder of a batch launched after this one

@@ -31,9 +31,15 @@ def make_plan(batch: ScheduleBatch, page_size: int) -> dict[str, Any]:
         if s.samples:
             rows.append(len(ids) - 1)
     return {
-        "op": "forward", "ids": ids, "pos": positions, "slots": slots, "rows": rows,
-        "q_lens": [s.q_len for s in batch.seqs], "seq_lens": [s.start + s.q_len for s in batch.seqs],
-        "tables": [s.req.pages for s in batch.seqs], "nd": batch.num_decode,
+        "op": "forward",
+        "ids": ids,
+        "pos": positions,
+        "slots": slots,
+        "rows": rows,
+        "q_lens": [s.q_len for s in batch.seqs],
+        "seq_lens": [s.start + s.q_len for s in batch.seqs],
+        "tables": [s.req.pages for s in batch.seqs],
+        "nd": batch.num_decode,
     }
 
 
@@ -45,19 +51,33 @@ def plan_to_batch(plan: dict[str, Any], page_size: int, device: torch.device) ->
         return torch.tensor(xs, dtype=torch.int64).to(device, non_blocking=True)
 
     return ForwardBatch(
-        input_ids=t(plan["ids"]), positions=t(plan["pos"]), out_slots=t(plan["slots"]),
-        q_lens=plan["q_lens"], seq_lens=plan["seq_lens"], page_tables=plan["tables"],
-        num_decode=plan["nd"], logit_rows=t(plan["rows"]), page_size=page_size,
+        input_ids=t(plan["ids"]),
+        positions=t(plan["pos"]),
+        out_slots=t(plan["slots"]),
+        q_lens=plan["q_lens"],
+        seq_lens=plan["seq_lens"],
+        page_tables=plan["tables"],
+        num_decode=plan["nd"],
+        logit_rows=t(plan["rows"]),
+        page_size=page_size,
     )
 
 
 def _plan_to_cuda_batch(plan: dict[str, Any], page_size: int, device: torch.device) -> ForwardBatch:
     """One pinned host buffer, one asynchronous copy: the host never waits for the GPU here."""
     n, r = len(plan["ids"]), len(plan["rows"])
-    host = torch.tensor(plan["ids"] + plan["pos"] + plan["slots"] + plan["rows"], dtype=torch.int64).pin_memory()
+    host = torch.tensor(
+        plan["ids"] + plan["pos"] + plan["slots"] + plan["rows"], dtype=torch.int64
+    ).pin_memory()
     dev = host.to(device, non_blocking=True)
     return ForwardBatch(
-        input_ids=dev[:n], positions=dev[n : 2 * n], out_slots=dev[2 * n : 3 * n], q_lens=plan["q_lens"],
-        seq_lens=plan["seq_lens"], page_tables=plan["tables"], num_decode=plan["nd"],
-        logit_rows=dev[3 * n : 3 * n + r], page_size=page_size,
+        input_ids=dev[:n],
+        positions=dev[n : 2 * n],
+        out_slots=dev[2 * n : 3 * n],
+        q_lens=plan["q_lens"],
+        seq_lens=plan["seq_lens"],
+        page_tables=plan["tables"],
+        num_decode=plan["nd"],
+        logit_rows=dev[3 * n : 3 * n + r],
+        page_size=page_size,
     )

@@ -23,15 +23,18 @@ class SampleResult:
     top_logprobs: list[dict[int, float]] | None
 
 
-def apply_penalties(logits: torch.Tensor, params: list[SamplingParams], prompts: list[list[int]],
-                    outputs: list[list[int]]) -> None:
+def apply_penalties(
+    logits: torch.Tensor, params: list[SamplingParams], prompts: list[list[int]], outputs: list[list[int]]
+) -> None:
     """In place. Repetition penalty (HF style) over prompt + output; presence/frequency over the output."""
     for i, p in enumerate(params):
         if not p.needs_penalties:
             continue
         row = logits[i]
         if p.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted(set(prompts[i]) | set(outputs[i])), dtype=torch.long, device=row.device)
+            seen = torch.tensor(
+                sorted(set(prompts[i]) | set(outputs[i])), dtype=torch.long, device=row.device
+            )
             vals = row[seen]
             row[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
         if outputs[i] and (p.presence_penalty or p.frequency_penalty):
@@ -68,8 +71,13 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     return cpu_kernels.ops().argmax_rows(logits) if cpu_kernels.usable(logits) else logits.argmax(dim=-1)
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
-           prompts: list[list[int]], outputs: list[list[int]]) -> SampleResult:
+def sample(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+    prompts: list[list[int]],
+    outputs: list[list[int]],
+) -> SampleResult:
     """logits: [N, V] float32 (modified in place by penalties)."""
     n = logits.shape[0]
     want_logprobs = any(p.logprobs or p.top_logprobs for p in params)
@@ -97,7 +105,9 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
         values, ids = raw_logprobs.topk(width, dim=-1)
         for i, p in enumerate(params):
             if p.top_logprobs:
-                tops[i] = dict(zip(ids[i, : p.top_logprobs].tolist(), values[i, : p.top_logprobs].tolist(), strict=True))
+                tops[i] = dict(
+                    zip(ids[i, : p.top_logprobs].tolist(), values[i, : p.top_logprobs].tolist(), strict=True)
+                )
     return SampleResult(token_list, chosen, tops)
 
 
@@ -142,13 +152,23 @@ class DeviceSample:
             values, ids = self.logprobs.topk(width, dim=-1)
             for i, p in enumerate(self.params):
                 if p.top_logprobs:
-                    tops[i] = dict(zip(ids[i, : p.top_logprobs].tolist(), values[i, : p.top_logprobs].tolist(),
-                                       strict=True))
+                    tops[i] = dict(
+                        zip(
+                            ids[i, : p.top_logprobs].tolist(),
+                            values[i, : p.top_logprobs].tolist(),
+                            strict=True,
+                        )
+                    )
         return SampleResult(token_list, chosen, tops)
 
 
-def sample_device(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
-                  prompts: list[list[int]], outputs: list[list[int]]) -> DeviceSample:
+def sample_device(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+    prompts: list[list[int]],
+    outputs: list[list[int]],
+) -> DeviceSample:
     """The GPU sampler: same distribution as `sample`, one noise draw for unseeded rows, no host sync."""
     want_logprobs = any(p.logprobs or p.top_logprobs for p in params)
     raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
@@ -162,8 +182,9 @@ def sample_device(logits: torch.Tensor, params: list[SamplingParams], generators
         tokens = greedy_tokens(logits)
         if sampled:
             idx = _to_device(sampled, logits.device, torch.int64)
-            rows = _sample_rows(logits.index_select(0, idx), [params[i] for i in sampled],
-                                [generators[i] for i in sampled])
+            rows = _sample_rows(
+                logits.index_select(0, idx), [params[i] for i in sampled], [generators[i] for i in sampled]
+            )
             tokens.index_copy_(0, idx, rows)
     if not tokens.is_cuda:
         return DeviceSample(tokens, tokens, None, raw_logprobs, params)
@@ -174,8 +195,9 @@ def sample_device(logits: torch.Tensor, params: list[SamplingParams], generators
     return DeviceSample(tokens, host, done, raw_logprobs, params)
 
 
-def _sample_rows(logits: torch.Tensor, params: list[SamplingParams],
-                 generators: list[torch.Generator | None]) -> torch.Tensor:
+def _sample_rows(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> torch.Tensor:
     unseeded = all(g is None for g in generators)
     truncated = any(p.top_k > 0 for p in params) or any(p.top_p < 1.0 for p in params)
     if truncated and unseeded and not any(p.min_p > 0 for p in params):
@@ -202,7 +224,12 @@ def _sample_rows(logits: torch.Tensor, params: list[SamplingParams],
     return (probs / noise).argmax(dim=-1)
 
 
-def sample_on_host(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None],
-                   prompts: list[list[int]], outputs: list[list[int]]) -> SampleResult:
+def sample_on_host(
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+    prompts: list[list[int]],
+    outputs: list[list[int]],
+) -> SampleResult:
     """GPU logits, results on the host now (no overlap)."""
     return sample_device(logits, params, generators, prompts, outputs).resolve()

@@ -62,8 +62,12 @@ def spawn_followers(cfg: EngineConfig, dist_port: int, plan_port: int) -> list[m
     ctx = mp.get_context("spawn")
     procs = []
     for rank in range(1, cfg.tp):
-        p = ctx.Process(target=follower_main, args=(replace(cfg), rank, dist_port, plan_port),
-                        name=f"skiff-tp{rank}", daemon=True)
+        p = ctx.Process(
+            target=follower_main,
+            args=(replace(cfg), rank, dist_port, plan_port),
+            name=f"skiff-tp{rank}",
+            daemon=True,
+        )
         p.start()
         procs.append(p)
     return procs

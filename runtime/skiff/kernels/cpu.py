@@ -24,7 +24,9 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCES = [Path(__file__).with_name(name) for name in ("cpu_kernels.cpp", "cpu_int8.cpp", "cpu_decode_attention.cpp")]
+SOURCES = [
+    Path(__file__).with_name(name) for name in ("cpu_kernels.cpp", "cpu_int8.cpp", "cpu_decode_attention.cpp")
+]
 
 
 def _cpu_flags() -> str:
@@ -53,10 +55,26 @@ def _compile(out: Path, cxx: str) -> None:
 
     torch_lib = str(Path(torch.__file__).parent / "lib")
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    cmd = [cxx, "-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC", "-std=c++20",
-           f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-           *[f"-I{p}" for p in include_paths()], *map(str, SOURCES), "-o", str(tmp),
-           f"-L{torch_lib}", f"-Wl,-rpath,{torch_lib}", "-ltorch_cpu", "-lc10"]
+    cmd = [
+        cxx,
+        "-O3",
+        "-march=native",
+        "-fopenmp",
+        "-fno-math-errno",
+        "-fno-trapping-math",
+        "-shared",
+        "-fPIC",
+        "-std=c++20",
+        f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+        *[f"-I{p}" for p in include_paths()],
+        *map(str, SOURCES),
+        "-o",
+        str(tmp),
+        f"-L{torch_lib}",
+        f"-Wl,-rpath,{torch_lib}",
+        "-ltorch_cpu",
+        "-lc10",
+    ]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:

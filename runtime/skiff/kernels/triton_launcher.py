@@ -27,8 +27,12 @@ def _key(args: tuple) -> tuple:
     # Triton specializes on each int's value class (1, multiple of 16, past int32) and on each tensor's dtype
     # and 16-byte alignment; floats not. The exact int values stand in for their classes: only token counts
     # vary from step to step, so the cache holds one entry per count seen.
-    return tuple([a if a.__class__ is int else (a.dtype, a.data_ptr() & 15) if isinstance(a, torch.Tensor) else 0
-                  for a in args])
+    return tuple(
+        [
+            a if a.__class__ is int else (a.dtype, a.data_ptr() & 15) if isinstance(a, torch.Tensor) else 0
+            for a in args
+        ]
+    )
 
 
 class Launcher:
@@ -55,14 +59,28 @@ class Launcher:
         enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
         meta = kernel.launch_metadata(grid, stream, *args, *consts.values()) if enter is not None else None
         g0, g1, g2 = (*grid, 1, 1)[:3]
-        kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata, meta, enter, leave, *args,
-                   *consts.values())
+        kernel.run(
+            g0,
+            g1,
+            g2,
+            stream,
+            kernel.function,
+            kernel.packed_metadata,
+            meta,
+            enter,
+            leave,
+            *args,
+            *consts.values(),
+        )
 
-    def _first_launch(self, key: tuple, grid: tuple[int, ...], args: tuple, consts: dict[str, Any],
-                      num_warps: int) -> None:
+    def _first_launch(
+        self, key: tuple, grid: tuple[int, ...], args: tuple, consts: dict[str, Any], num_warps: int
+    ) -> None:
         kernel = self.fn[grid](*args, **consts, num_warps=num_warps)
         # the handle takes every argument positionally, so the constexprs must be the signature's tail, in order
-        if getattr(kernel, "function", None) is None or [p.name for p in self.fn.params][len(args):] != list(consts):
+        if getattr(kernel, "function", None) is None or [p.name for p in self.fn.params][len(args) :] != list(
+            consts
+        ):
             return
         if self._stream is None:
             self._stream = torch._C._cuda_getCurrentRawStream  # what Triton's own launches ask for the stream

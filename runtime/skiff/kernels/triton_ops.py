@@ -47,8 +47,22 @@ def _rounded(x, dtype: tl.constexpr):
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, x_tok, x_head, y_ptr, y_tok, y_head, w_ptr, rows, heads, d, inv_d, eps,
-                     ROWS: tl.constexpr, BLOCK: tl.constexpr):
+def _rms_norm_kernel(
+    x_ptr,
+    x_tok,
+    x_head,
+    y_ptr,
+    y_tok,
+    y_head,
+    w_ptr,
+    rows,
+    heads,
+    d,
+    inv_d,
+    eps,
+    ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     c = tl.arange(0, BLOCK)
     rmask, cmask = r < rows, c < d
@@ -79,8 +93,9 @@ def _add_rms_norm_kernel(x_ptr, x_tok, r_ptr, r_tok, w_ptr, d, inv_d, eps, BLOCK
 
 
 @triton.jit
-def _rotate_heads(ptr, row_stride, tok, heads, head_dim, half, cos, sin, BLOCK_H: tl.constexpr,
-                  BLOCK_HALF: tl.constexpr):
+def _rotate_heads(
+    ptr, row_stride, tok, heads, head_dim, half, cos, sin, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr
+):
     h = tl.arange(0, BLOCK_H)
     j = tl.arange(0, BLOCK_HALF)
     mask = (h < heads)[:, None] & (j < half)[None, :]
@@ -97,8 +112,22 @@ def _rotate_heads(ptr, row_stride, tok, heads, head_dim, half, cos, sin, BLOCK_H
 
 
 @triton.jit
-def _rope_kernel(pos_ptr, q_ptr, q_stride, k_ptr, k_stride, cs_ptr, cs_stride, q_heads, k_heads, head_dim, half,
-                 BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr):
+def _rope_kernel(
+    pos_ptr,
+    q_ptr,
+    q_stride,
+    k_ptr,
+    k_stride,
+    cs_ptr,
+    cs_stride,
+    q_heads,
+    k_heads,
+    head_dim,
+    half,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HK: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+):
     tok = tl.program_id(0)
     pos = tl.load(pos_ptr + tok).to(tl.int64)
     j = tl.arange(0, BLOCK_HALF)
@@ -139,8 +168,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     block = pow2(d)
     per_prog = max(1, min(16, 2048 // block))
     if rows:
-        _RMS_NORM((cdiv(rows, per_prog),), (x3, x_tok, x_head, y, heads * d, d, weight, rows, heads, d, 1.0 / d, eps),
-                  {"ROWS": per_prog, "BLOCK": block}, _warps(block * per_prog))
+        _RMS_NORM(
+            (cdiv(rows, per_prog),),
+            (x3, x_tok, x_head, y, heads * d, d, weight, rows, heads, d, 1.0 / d, eps),
+            {"ROWS": per_prog, "BLOCK": block},
+            _warps(block * per_prog),
+        )
     return y
 
 
@@ -150,19 +183,29 @@ def add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     assert x.stride(1) == 1 and residual.stride(1) == 1
     block = pow2(d)
     if t:
-        _ADD_RMS_NORM((t,), (x, x.stride(0), residual, residual.stride(0), weight, d, 1.0 / d, eps), {"BLOCK": block},
-                      _warps(block))
+        _ADD_RMS_NORM(
+            (t,),
+            (x, x.stride(0), residual, residual.stride(0), weight, d, 1.0 / d, eps),
+            {"BLOCK": block},
+            _warps(block),
+        )
 
 
-def rope_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, head_dim: int, cos_sin: torch.Tensor) -> None:
+def rope_(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, head_dim: int, cos_sin: torch.Tensor
+) -> None:
     """Neox rope in place. q: [T, Hq*D], k: [T, Hk*D] (row strides free); cos_sin: [max_pos, rotary_dim] fp32."""
     t = q.shape[0]
     half = cos_sin.shape[1] // 2
     assert q.stride(1) == 1 and k.stride(1) == 1 and cos_sin.stride(1) == 1
     hq, hk = q.shape[1] // head_dim, k.shape[1] // head_dim
     if t:
-        _ROPE((t,), (positions, q, q.stride(0), k, k.stride(0), cos_sin, cos_sin.stride(0), hq, hk, head_dim, half),
-              {"BLOCK_HQ": pow2(hq), "BLOCK_HK": pow2(hk), "BLOCK_HALF": pow2(half)}, 4)
+        _ROPE(
+            (t,),
+            (positions, q, q.stride(0), k, k.stride(0), cos_sin, cos_sin.stride(0), hq, hk, head_dim, half),
+            {"BLOCK_HQ": pow2(hq), "BLOCK_HK": pow2(hk), "BLOCK_HALF": pow2(half)},
+            4,
+        )
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -172,6 +215,10 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     y = torch.empty((t, inner), dtype=x.dtype, device=x.device)
     block = min(1024, pow2(inner))
     if t:
-        _SILU_AND_MUL((t, cdiv(inner, block)), (x, x.stride(0), y, inner, inner), {"BLOCK": block, "LIBDEVICE": _LIBDEVICE},
-                      _warps(block))
+        _SILU_AND_MUL(
+            (t, cdiv(inner, block)),
+            (x, x.stride(0), y, inner, inner),
+            {"BLOCK": block, "LIBDEVICE": _LIBDEVICE},
+            _warps(block),
+        )
     return y

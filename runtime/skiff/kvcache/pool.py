@@ -10,8 +10,17 @@ import torch
 
 
 class KVPool:
-    def __init__(self, num_layers: int, num_pages: int, page_size: int, num_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device, compute_dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        num_layers: int,
+        num_pages: int,
+        page_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        compute_dtype: torch.dtype | None = None,
+    ) -> None:
         self.dtype = dtype  # what the pool stores
         self.compute_dtype = compute_dtype or dtype  # what the model writes and attention computes in
         self.num_pages = num_pages

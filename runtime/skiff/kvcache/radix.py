@@ -40,7 +40,9 @@ class RadixCache:
     def _split(self, node: RadixNode, pages: int) -> RadixNode:
         """Cut `node` after `pages` pages; returns the new upper part (which keeps the lock count)."""
         cut = pages * self.page_size
-        upper = RadixNode(node.key[:cut], node.pages[:pages], node.parent, {}, node.lock_ref, node.last_access)
+        upper = RadixNode(
+            node.key[:cut], node.pages[:pages], node.parent, {}, node.lock_ref, node.last_access
+        )
         assert node.parent is not None
         node.parent.children[self._first(upper.key, 0)] = upper
         node.key, node.pages, node.parent = node.key[cut:], node.pages[pages:], upper
@@ -49,8 +51,11 @@ class RadixCache:
 
     def _common_pages(self, key: tuple[int, ...], tokens: list[int], at: int) -> int:
         ps, n = self.page_size, 0
-        while (n + 1) * ps <= len(key) and at + (n + 1) * ps <= len(tokens) and \
-                key[n * ps : (n + 1) * ps] == tuple(tokens[at + n * ps : at + (n + 1) * ps]):
+        while (
+            (n + 1) * ps <= len(key)
+            and at + (n + 1) * ps <= len(tokens)
+            and key[n * ps : (n + 1) * ps] == tuple(tokens[at + n * ps : at + (n + 1) * ps])
+        ):
             n += 1
         return n
 
@@ -131,6 +136,8 @@ class RadixCache:
     def check(self) -> None:
         nodes = self._nodes()
         assert sum(len(n.pages) for n in nodes) == self.num_cached_pages, "radix page count drifted"
-        assert sum(len(n.pages) for n in nodes if n.lock_ref > 0) == self.num_locked_pages, "radix lock count drifted"
+        assert sum(len(n.pages) for n in nodes if n.lock_ref > 0) == self.num_locked_pages, (
+            "radix lock count drifted"
+        )
         for n in nodes:
             assert len(n.key) == len(n.pages) * self.page_size and n.pages, "radix node is not page aligned"

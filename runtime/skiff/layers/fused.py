@@ -62,7 +62,9 @@ def _flashinfer_ops() -> GpuOps | None:
             return fi.rmsnorm(x, weight, eps, out=torch.empty(x.shape, dtype=x.dtype, device=x.device))
         return fi.rmsnorm(x.reshape(-1, x.shape[-1]), weight, eps).view(x.shape)
 
-    def rope_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, head_dim: int, cos_sin: torch.Tensor) -> None:
+    def rope_(
+        positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, head_dim: int, cos_sin: torch.Tensor
+    ) -> None:
         fi.apply_rope_with_cos_sin_cache_inplace(positions, q, k, head_dim, cos_sin, is_neox=True)
 
     return GpuOps("flashinfer", rms_norm, fi.fused_add_rmsnorm, rope_, fi.silu_and_mul)
@@ -96,8 +98,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return _gpu().rms_norm(x, weight, eps)
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """In place: residual += x, x = norm(residual); returns (x, residual). Both must be contiguous 2-D."""
     if not x.is_cuda:
         cpu_kernels.ops().add_rms_norm_(x, residual, weight, eps)
@@ -106,8 +109,9 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     return x, residual
 
 
-def rope_inplace(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, head_dim: int,
-                 cos_sin: torch.Tensor) -> None:
+def rope_inplace(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, head_dim: int, cos_sin: torch.Tensor
+) -> None:
     """q: [T, Hq*D], k: [T, Hk*D] (row-strided views allowed), neox layout; cos_sin [max_pos, rotary_dim] fp32."""
     if not q.is_cuda:
         cpu_kernels.ops().rope_(q, k, positions, cos_sin, head_dim)

@@ -18,7 +18,9 @@ from skiff.layers.quant import Int8Linear
 
 def _copy_checked(param: torch.Tensor, value: torch.Tensor, what: str) -> None:
     if tuple(param.shape) != tuple(value.shape):
-        raise ValueError(f"shape mismatch for {what}: checkpoint slice {tuple(value.shape)}, model expects {tuple(param.shape)}")
+        raise ValueError(
+            f"shape mismatch for {what}: checkpoint slice {tuple(value.shape)}, model expects {tuple(param.shape)}"
+        )
     param.data.copy_(value)
 
 
@@ -33,8 +35,14 @@ class ColumnParallelLinear(nn.Module):
     their count: each rank then holds head `rank * heads // tp` of that part.
     """
 
-    def __init__(self, in_features: int, part_sizes: Sequence[int], bias: bool, head_dim: int | None = None,
-                 replicate_parts: Sequence[bool] | None = None) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        part_sizes: Sequence[int],
+        bias: bool,
+        head_dim: int | None = None,
+        replicate_parts: Sequence[bool] | None = None,
+    ) -> None:
         super().__init__()
         tp = tp_info()
         self.in_features = in_features
@@ -42,7 +50,8 @@ class ColumnParallelLinear(nn.Module):
         self.replicate = list(replicate_parts or [False] * len(part_sizes))
         self.head_dim = head_dim
         self.local_sizes = [
-            (head_dim if rep else size // tp.size) for size, rep in zip(part_sizes, self.replicate, strict=True)
+            (head_dim if rep else size // tp.size)
+            for size, rep in zip(part_sizes, self.replicate, strict=True)
         ]
         out = sum(self.local_sizes)
         self.weight = nn.Parameter(torch.empty(out, in_features), requires_grad=False)
@@ -57,7 +66,9 @@ class ColumnParallelLinear(nn.Module):
         tp = tp_info()
         full = self.full_sizes[part]
         if tensor.shape[0] != full:
-            raise ValueError(f"shape mismatch: checkpoint part {part} has {tensor.shape[0]} rows, model expects {full}")
+            raise ValueError(
+                f"shape mismatch: checkpoint part {part} has {tensor.shape[0]} rows, model expects {full}"
+            )
         if self.replicate[part]:
             assert self.head_dim is not None
             heads = full // self.head_dim
@@ -70,7 +81,11 @@ class ColumnParallelLinear(nn.Module):
         part = 0 if part is None else part
         offset = sum(self.local_sizes[:part])
         size = self.local_sizes[part]
-        _copy_checked(param.data[offset : offset + size], self._slice(tensor, part), getattr(param, "skiff_name", "linear"))
+        _copy_checked(
+            param.data[offset : offset + size],
+            self._slice(tensor, part),
+            getattr(param, "skiff_name", "linear"),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.int8 is not None:
@@ -98,8 +113,14 @@ class RowParallelLinear(nn.Module):
     def _load(self, param: nn.Parameter, tensor: torch.Tensor, part: object = None) -> None:
         rank = tp_info().rank
         if tensor.dim() != 2 or tensor.shape[1] != self.local_in * tp_info().size:
-            raise ValueError(f"shape mismatch for {getattr(param, 'skiff_name', 'linear')}: checkpoint {tuple(tensor.shape)}")
-        _copy_checked(param, tensor[:, rank * self.local_in : (rank + 1) * self.local_in], getattr(param, "skiff_name", "linear"))
+            raise ValueError(
+                f"shape mismatch for {getattr(param, 'skiff_name', 'linear')}: checkpoint {tuple(tensor.shape)}"
+            )
+        _copy_checked(
+            param,
+            tensor[:, rank * self.local_in : (rank + 1) * self.local_in],
+            getattr(param, "skiff_name", "linear"),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = all_reduce(self.int8(x) if self.int8 is not None else F.linear(x, self.weight), self.tp)
@@ -122,8 +143,10 @@ class VocabParallelEmbedding(nn.Module):
 
     def _load(self, param: nn.Parameter, tensor: torch.Tensor, part: object = None) -> None:
         if tensor.shape != (self.vocab_size, param.shape[1]):
-            raise ValueError(f"shape mismatch for {getattr(param, 'skiff_name', 'embedding')}: checkpoint {tuple(tensor.shape)}, "
-                             f"model expects {(self.vocab_size, param.shape[1])}")
+            raise ValueError(
+                f"shape mismatch for {getattr(param, 'skiff_name', 'embedding')}: checkpoint {tuple(tensor.shape)}, "
+                f"model expects {(self.vocab_size, param.shape[1])}"
+            )
         rows = tensor[self.start : self.start + self.per_rank]
         param.data.zero_()
         param.data[: rows.shape[0]].copy_(rows)

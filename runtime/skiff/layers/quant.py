@@ -34,7 +34,9 @@ class Int8Linear:
             return
         scale = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-12).double()
         zero = torch.zeros(w.shape[0], dtype=torch.long)
-        with warnings.catch_warnings():  # torch 2.13 flags quantized tensors as deprecated; fbgemm still takes them
+        with (
+            warnings.catch_warnings()
+        ):  # torch 2.13 flags quantized tensors as deprecated; fbgemm still takes them
             warnings.simplefilter("ignore", UserWarning)
             qweight = torch.quantize_per_channel(w, scale, zero, 0, torch.qint8)
         self.packed = torch.ops.quantized.linear_prepack(qweight, None)
@@ -63,7 +65,9 @@ def check_supported(quantization: str | None, device: torch.device, dtype: torch
     if device.type != "cpu":
         raise ValueError("--quantization int8 is a CPU path (fbgemm); on GPU serve bf16")
     if dtype != torch.float32:
-        raise ValueError("--quantization int8 computes around fp32 activations: use --dtype float32 (or auto)")
+        raise ValueError(
+            "--quantization int8 computes around fp32 activations: use --dtype float32 (or auto)"
+        )
     if "fbgemm" not in torch.backends.quantized.supported_engines:
         raise ValueError("--quantization int8 needs a torch build with fbgemm (x86)")
 

@@ -87,9 +87,13 @@ class RotaryEmbedding(nn.Module):
         t = torch.arange(cfg.max_position, dtype=torch.float32)
         freqs = torch.outer(t, inv_freq)
         cache = torch.cat([freqs.cos() * scale, freqs.sin() * scale], dim=-1).float()
-        self.register_buffer("cos_sin", cache, persistent=False)  # [max_position, rotary_dim], fp32 as HF computes it
+        self.register_buffer(
+            "cos_sin", cache, persistent=False
+        )  # [max_position, rotary_dim], fp32 as HF computes it
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [T, Hq, D], k: [T, Hk, D]; rotates the first rotary_dim channels in place of a copy."""
         cos, sin = self.cos_sin.index_select(0, positions).chunk(2, dim=-1)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)

@@ -57,12 +57,16 @@ def load_weights(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], 
         if tied and pname.startswith("lm_head."):
             continue
         if pname not in params:
-            raise CheckpointError(f"checkpoint tensor {name} has no place in the model (unexpected for this architecture)")
+            raise CheckpointError(
+                f"checkpoint tensor {name} has no place in the model (unexpected for this architecture)"
+            )
         param = params[pname]
         loader = getattr(param, "weight_loader", None)
         if loader is None:
             if tuple(param.shape) != tuple(tensor.shape):
-                raise CheckpointError(f"shape mismatch for {name}: checkpoint {tuple(tensor.shape)}, model expects {tuple(param.shape)}")
+                raise CheckpointError(
+                    f"shape mismatch for {name}: checkpoint {tuple(tensor.shape)}, model expects {tuple(param.shape)}"
+                )
             param.data.copy_(tensor)
         else:
             try:
@@ -73,4 +77,3 @@ def load_weights(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], 
     missing = sorted(f"{n}" + ("" if p is None else f"[part {p}]") for n, p in expected - loaded)
     if missing:
         raise CheckpointError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:5]}")
-

@@ -36,7 +36,9 @@ def read_config(path: Path) -> dict[str, Any]:
     """The HF-style config dict of a model directory or GGUF file."""
     if path.is_file():
         if path.suffix != ".gguf":
-            raise CheckpointError(f"unsupported model file {path.name}: expected a .gguf file or an HF directory")
+            raise CheckpointError(
+                f"unsupported model file {path.name}: expected a .gguf file or an HF directory"
+            )
         return _gguf_config(path)
     cfg_path = path / "config.json"
     if not cfg_path.is_file():
@@ -86,13 +88,24 @@ def _iter_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
 
 # ---------------------------------------------------------------------------------------------- GGUF
 
-_GGUF_ARCH = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-              "qwen3": "Qwen3ForCausalLM"}
+_GGUF_ARCH = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
 _GGUF_NAMES = {
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
 }
 
 
@@ -141,8 +154,11 @@ def _gguf_config(path: Path) -> dict[str, Any]:
     }
     scaling = get(f"{arch}.rope.scaling.type")
     if scaling and scaling != "none":
-        cfg["rope_scaling"] = {"rope_type": scaling, "factor": get(f"{arch}.rope.scaling.factor"),
-                               "original_max_position_embeddings": get(f"{arch}.rope.scaling.original_context_length")}
+        cfg["rope_scaling"] = {
+            "rope_type": scaling,
+            "factor": get(f"{arch}.rope.scaling.factor"),
+            "original_max_position_embeddings": get(f"{arch}.rope.scaling.original_context_length"),
+        }
     missing = [k for k, v in cfg.items() if v is None and k not in ("bos_token_id", "eos_token_id")]
     if missing:
         raise CheckpointError(f"GGUF file {path.name} lacks metadata for {missing}")

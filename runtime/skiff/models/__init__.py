@@ -14,7 +14,9 @@ def build_model(cfg: ModelConfig) -> nn.Module:
     try:
         cls = MODEL_REGISTRY[cfg.family]
     except KeyError:
-        raise ValueError(f"unsupported model family {cfg.family!r}; supported: {sorted(MODEL_REGISTRY)}") from None
+        raise ValueError(
+            f"unsupported model family {cfg.family!r}; supported: {sorted(MODEL_REGISTRY)}"
+        ) from None
     return cls(cfg)
 
 

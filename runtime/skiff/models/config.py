@@ -63,7 +63,9 @@ class ModelConfig:
         partial = rope_params.pop("partial_rotary_factor", None) or cfg.get("partial_rotary_factor", 1.0)
         max_pos = cfg.get("max_position_embeddings", 4096)
         if family == "mistral" and cfg.get("sliding_window"):
-            max_pos = min(max_pos, cfg["sliding_window"])  # no sliding-window attention: stay inside the window
+            max_pos = min(
+                max_pos, cfg["sliding_window"]
+            )  # no sliding-window attention: stay inside the window
         eos = cfg.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
         return cls(

@@ -24,7 +24,9 @@ class Attention(nn.Module):
         super().__init__()
         tp = tp_info().size
         if cfg.num_heads % tp:
-            raise ValueError(f"{cfg.num_heads} attention heads cannot be split over tensor-parallel size {tp}")
+            raise ValueError(
+                f"{cfg.num_heads} attention heads cannot be split over tensor-parallel size {tp}"
+            )
         if cfg.num_kv_heads % tp and tp % cfg.num_kv_heads:
             raise ValueError(f"{cfg.num_kv_heads} KV heads cannot be split or replicated over tp={tp}")
         self.layer_id = layer_id
@@ -33,7 +35,10 @@ class Attention(nn.Module):
         self.num_kv_heads = max(1, cfg.num_kv_heads // tp)
         replicate_kv = tp > cfg.num_kv_heads
         self.qkv_proj = ColumnParallelLinear(
-            cfg.hidden_size, [cfg.q_size, cfg.kv_size, cfg.kv_size], cfg.attention_bias, cfg.head_dim,
+            cfg.hidden_size,
+            [cfg.q_size, cfg.kv_size, cfg.kv_size],
+            cfg.attention_bias,
+            cfg.head_dim,
             [False, replicate_kv, replicate_kv],
         )
         self.o_proj = RowParallelLinear(cfg.q_size, cfg.hidden_size)
@@ -42,8 +47,9 @@ class Attention(nn.Module):
         self.q_width = self.num_heads * self.head_dim
         self.kv_width = self.num_kv_heads * self.head_dim
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, rotary: RotaryEmbedding,
-                backend: AttentionBackend) -> torch.Tensor:
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, rotary: RotaryEmbedding, backend: AttentionBackend
+    ) -> torch.Tensor:
         t = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_width, self.kv_width, self.kv_width], dim=-1)
         if fused.enabled(x):
@@ -57,17 +63,27 @@ class Attention(nn.Module):
         out = backend.forward(q, k, v, self.layer_id)
         return self.o_proj(out.reshape(t, self.q_width))
 
-
-    def _forward_fused(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       rotary: RotaryEmbedding, backend: AttentionBackend) -> torch.Tensor:
+    def _forward_fused(
+        self,
+        positions: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        rotary: RotaryEmbedding,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
         """GPU: q/k/v are column views of the fused projection; norm and rope run as single kernels."""
         t = q.shape[0]
         if self.q_norm is not None and self.k_norm is not None:
             q = self.q_norm(q.view(t, self.num_heads, self.head_dim)).view(t, self.q_width)
             k = self.k_norm(k.view(t, self.num_kv_heads, self.head_dim)).view(t, self.kv_width)
         rotary.forward_inplace(positions, q, k)
-        out = backend.forward(q.view(t, self.num_heads, self.head_dim), k.view(t, self.num_kv_heads, self.head_dim),
-                              v.view(t, self.num_kv_heads, self.head_dim), self.layer_id)
+        out = backend.forward(
+            q.view(t, self.num_heads, self.head_dim),
+            k.view(t, self.num_kv_heads, self.head_dim),
+            v.view(t, self.num_kv_heads, self.head_dim),
+            self.layer_id,
+        )
         return self.o_proj(out.reshape(t, self.q_width))
 
 
@@ -89,8 +105,14 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None,
-                rotary: RotaryEmbedding, backend: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        positions: torch.Tensor,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        rotary: RotaryEmbedding,
+        backend: AttentionBackend,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             residual, x = x, self.input_layernorm(x)
         else:
@@ -108,9 +130,15 @@ class DecoderForCausalLM(nn.Module):
         self.rotary = RotaryEmbedding(cfg.rope, cfg.head_dim)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = self.embed_tokens if cfg.tie_word_embeddings else VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
+        self.lm_head = (
+            self.embed_tokens
+            if cfg.tie_word_embeddings
+            else VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
+        )
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, backend: AttentionBackend
+    ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
         residual = None
         for layer in self.layers:

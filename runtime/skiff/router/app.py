@@ -38,14 +38,24 @@ class RouterConfig:
 
 
 def error(status: int, message: str, code: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    kind = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-            404: "invalid_request_error", 429: "rate_limit_error"}.get(status, "server_error")
-    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": code}},
-                        status_code=status, headers=headers)
+    kind = {
+        400: "invalid_request_error",
+        401: "authentication_error",
+        403: "permission_error",
+        404: "invalid_request_error",
+        429: "rate_limit_error",
+    }.get(status, "server_error")
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "param": None, "code": code}},
+        status_code=status,
+        headers=headers,
+    )
 
 
 def sse_error(status: int, message: str, code: str) -> bytes:
-    body = {"error": {"message": message, "type": "server_error", "param": None, "code": code, "status": status}}
+    body = {
+        "error": {"message": message, "type": "server_error", "param": None, "code": code, "status": status}
+    }
     return b"data: " + json.dumps(body).encode() + b"\n\ndata: [DONE]\n\n"
 
 
@@ -62,7 +72,8 @@ class Router:
     async def start(self) -> None:
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(None, connect=self.config.connect_timeout),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+        )
         await self._refresh()
         self._task = asyncio.create_task(self._discover())
 
@@ -102,13 +113,19 @@ class Router:
         pool = self.registry.lookup(model)
         if pool is None:
             self.metrics.rejected.labels(model="", reason="unknown_model").inc()
-            return error(404, f"The model `{model}` does not exist; available: {', '.join(self.registry.models())}",
-                         "model_not_found")
+            return error(
+                404,
+                f"The model `{model}` does not exist; available: {', '.join(self.registry.models())}",
+                "model_not_found",
+            )
         try:
             key, rl_headers = authorize(
-                self.keys, request.headers.get("authorization"), model,
+                self.keys,
+                request.headers.get("authorization"),
+                model,
                 required=self.config.require_api_key or pool.spec.upstream_key is not None,
-                extra_allowed=frozenset({pool.spec.pod_key_name} if pool.spec.upstream_key else ()))
+                extra_allowed=frozenset({pool.spec.pod_key_name} if pool.spec.upstream_key else ()),
+            )
         except AuthError as e:
             self.metrics.rejected.labels(model=model, reason=str(e.status)).inc()
             return error(e.status, e.message, e.code, e.headers)
@@ -122,10 +139,17 @@ class Router:
         if stream and not pool.endpoints:
             if self.holder.held_for(model) >= self.config.hold_cap:  # refuse with a real 503 before the 200
                 self.metrics.rejected.labels(model=model, reason="hold_cap").inc()
-                return error(503, f"model {model!r} has no ready replica and {self.config.hold_cap} requests are "
-                             "already waiting", "hold_cap", {"Retry-After": str(self.config.retry_after)} | rl_headers)
+                return error(
+                    503,
+                    f"model {model!r} has no ready replica and {self.config.hold_cap} requests are "
+                    "already waiting",
+                    "hold_cap",
+                    {"Retry-After": str(self.config.retry_after)} | rl_headers,
+                )
             # held before any backend answers: the client gets 200 + SSE comments now, the backend's bytes later
-            return StreamingResponse(self._held_stream(ctx), media_type="text/event-stream", headers=rl_headers)
+            return StreamingResponse(
+                self._held_stream(ctx), media_type="text/event-stream", headers=rl_headers
+            )
         try:
             pool = await self.holder.wait(model)
         except HoldRefused as e:
@@ -136,15 +160,21 @@ class Router:
             return error(503, str(e), "upstream_unavailable", {"Retry-After": str(self.config.retry_after)})
         headers = rl_headers | {"x-skiff-backend": up.endpoint.address}
         if stream and up.response.status_code == 200:
-            return StreamingResponse(self._relay(up, ctx), media_type="text/event-stream",
-                                     headers=headers)
+            return StreamingResponse(self._relay(up, ctx), media_type="text/event-stream", headers=headers)
         return await self._whole(up, ctx, headers)
 
     async def _open(self, pool: Pool, ctx: _Ctx) -> Upstream:
         assert self.client is not None
         retries = self.metrics.retries.labels(model=ctx.model)
-        up = await open_upstream(self.client, pool, ctx.path, ctx.body, ctx.routing_key,
-                                 self.config.max_attempts, on_retry=retries.inc)
+        up = await open_upstream(
+            self.client,
+            pool,
+            ctx.path,
+            ctx.body,
+            ctx.routing_key,
+            self.config.max_attempts,
+            on_retry=retries.inc,
+        )
         self.metrics.routed.labels(model=ctx.model, endpoint=up.endpoint.address).inc()
         self.metrics.inflight.labels(model=ctx.model).inc()
         self.metrics.ttfb.labels(model=ctx.model).observe(time.monotonic() - ctx.arrived)
@@ -175,8 +205,9 @@ class Router:
             async for event in relay_sse(up, ctx.strip_usage):
                 yield event
         except httpx.HTTPError as e:  # the backend died mid-stream: never retried, the client is told
-            yield sse_error(502, f"backend {up.endpoint.address} failed mid-stream: {type(e).__name__}",
-                            "upstream_failed")
+            yield sse_error(
+                502, f"backend {up.endpoint.address} failed mid-stream: {type(e).__name__}", "upstream_failed"
+            )
         finally:
             self._done(up, ctx)
 
@@ -246,17 +277,27 @@ def create_app(source: Source, config: RouterConfig | None = None) -> FastAPI:
     async def models(request: Request) -> Response:
         allowed = router.registry.models()
         try:
-            key = authenticate(router.keys, request.headers.get("authorization"),
-                               required=router.config.require_api_key)
+            key = authenticate(
+                router.keys, request.headers.get("authorization"), required=router.config.require_api_key
+            )
         except AuthError as e:
             return error(e.status, e.message, e.code, e.headers)
         if key is not None:
-            allowed = [m for m in allowed if key.allows(m) or key.name == router.registry.lookup(m).spec.pod_key_name]
+            allowed = [
+                m for m in allowed if key.allows(m) or key.name == router.registry.lookup(m).spec.pod_key_name
+            ]
         data = []
         for m in allowed:
             pool = router.registry.lookup(m)
-            data.append({"id": m, "object": "model", "created": 0, "owned_by": "skiff",
-                         "ready_replicas": len(pool.endpoints) if pool else 0})
+            data.append(
+                {
+                    "id": m,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "skiff",
+                    "ready_replicas": len(pool.endpoints) if pool else 0,
+                }
+            )
         return JSONResponse({"object": "list", "data": data})
 
     @app.get("/health")

@@ -123,7 +123,9 @@ def make_balancer(strategy: str) -> Balancer:
     try:
         return BALANCERS[strategy]()
     except KeyError:
-        raise ValueError(f"unknown routing strategy {strategy!r}; expected one of {sorted(BALANCERS)}") from None
+        raise ValueError(
+            f"unknown routing strategy {strategy!r}; expected one of {sorted(BALANCERS)}"
+        ) from None
 
 
 def prefix_key(body: dict, prefix_chars: int) -> str:

@@ -69,11 +69,16 @@ class StaticSource:
         doc = yaml.safe_load(self.path.read_text()) or {}
         specs = [pool_from_dict(s) for s in doc.get("services") or []]
         registry.update(specs)
-        keys.set_keys(pod_keys(specs) + [
-            ApiKey.from_fields(k["name"], {f: _models_field(v) if f == "models" else str(v)
-                                           for f, v in k.items() if v is not None})
-            for k in doc.get("apiKeys") or []
-        ])
+        keys.set_keys(
+            pod_keys(specs)
+            + [
+                ApiKey.from_fields(
+                    k["name"],
+                    {f: _models_field(v) if f == "models" else str(v) for f, v in k.items() if v is not None},
+                )
+                for k in doc.get("apiKeys") or []
+            ]
+        )
         self._stamp = stamp
 
     async def scale_from_zero(self, spec: PoolSpec) -> bool:

@@ -44,8 +44,10 @@ class Holder:
         key = pool.key
         if self.held.get(key, 0) >= self.cap:
             self.metrics.rejected.labels(model=model, reason="hold_cap").inc()
-            raise HoldRefused(f"model {model!r} has no ready replica and {self.cap} requests are already waiting",
-                              "hold_cap")
+            raise HoldRefused(
+                f"model {model!r} has no ready replica and {self.cap} requests are already waiting",
+                "hold_cap",
+            )
         self.held[key] = self.held.get(key, 0) + 1
         self.metrics.held.labels(model=model).inc()
         try:
@@ -58,8 +60,9 @@ class Holder:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     self.metrics.rejected.labels(model=model, reason="hold_timeout").inc()
-                    raise HoldRefused(f"no replica of model {model!r} became ready within {self.timeout:g}s",
-                                      "hold_timeout")
+                    raise HoldRefused(
+                        f"no replica of model {model!r} became ready within {self.timeout:g}s", "hold_timeout"
+                    )
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(pool.ready.wait(), timeout=min(remaining, 1.0))
         finally:
@@ -67,8 +70,10 @@ class Holder:
             self.metrics.held.labels(model=model).dec()
 
     def progress_comment(self, model: str, elapsed: float) -> bytes:
-        return (f": skiff: waiting for a ready replica of {model} ({elapsed:.0f}s held, "
-                f"{self.held_for(model)} requests waiting, scale-up requested)\n\n").encode()
+        return (
+            f": skiff: waiting for a ready replica of {model} ({elapsed:.0f}s held, "
+            f"{self.held_for(model)} requests waiting, scale-up requested)\n\n"
+        ).encode()
 
     def _current(self, model: str) -> Pool:
         pool = self.registry.lookup(model)

@@ -47,7 +47,9 @@ class ApiKey:
         if not secret:
             raise ValueError(f"api key {name!r} has no `key` field")
         models_text = fields.get("models", "*").strip()
-        models = None if models_text == "*" else frozenset(m.strip() for m in models_text.split(",") if m.strip())
+        models = (
+            None if models_text == "*" else frozenset(m.strip() for m in models_text.split(",") if m.strip())
+        )
 
         def limit(field_name: str) -> int | None:
             text = (fields.get(field_name) or "").strip()
@@ -113,12 +115,20 @@ class KeyStore:
         rpm, tpm = self._limit(key.rpm), self._limit(key.tpm)
         if rpm is not None and len(usage.requests) >= rpm:
             wait = usage.requests[0] + WINDOW - now if usage.requests else WINDOW
-            raise AuthError(429, "rate_limit_exceeded", f"api key {key.name!r} is over its {key.rpm} requests per minute",
-                            {**self.headers(key, now), "Retry-After": str(max(1, math.ceil(wait)))})
+            raise AuthError(
+                429,
+                "rate_limit_exceeded",
+                f"api key {key.name!r} is over its {key.rpm} requests per minute",
+                {**self.headers(key, now), "Retry-After": str(max(1, math.ceil(wait)))},
+            )
         if tpm is not None and usage.token_sum >= tpm:
             wait = usage.tokens[0][0] + WINDOW - now if usage.tokens else WINDOW
-            raise AuthError(429, "rate_limit_exceeded", f"api key {key.name!r} is over its {key.tpm} tokens per minute",
-                            {**self.headers(key, now), "Retry-After": str(max(1, math.ceil(wait)))})
+            raise AuthError(
+                429,
+                "rate_limit_exceeded",
+                f"api key {key.name!r} is over its {key.tpm} tokens per minute",
+                {**self.headers(key, now), "Retry-After": str(max(1, math.ceil(wait)))},
+            )
         usage.requests.append(now)
         return self.headers(key, now)
 
@@ -137,14 +147,18 @@ class KeyStore:
         rpm, tpm = self._limit(key.rpm), self._limit(key.tpm)  # this replica's share, as it enforces them
         if rpm is not None:
             reset = usage.requests[0] + WINDOW - now if usage.requests else 0.0
-            out |= {"x-ratelimit-limit-requests": str(rpm),
-                    "x-ratelimit-remaining-requests": str(max(0, rpm - len(usage.requests))),
-                    "x-ratelimit-reset-requests": f"{max(0.0, reset):.0f}s"}
+            out |= {
+                "x-ratelimit-limit-requests": str(rpm),
+                "x-ratelimit-remaining-requests": str(max(0, rpm - len(usage.requests))),
+                "x-ratelimit-reset-requests": f"{max(0.0, reset):.0f}s",
+            }
         if tpm is not None:
             reset = usage.tokens[0][0] + WINDOW - now if usage.tokens else 0.0
-            out |= {"x-ratelimit-limit-tokens": str(tpm),
-                    "x-ratelimit-remaining-tokens": str(max(0, tpm - usage.token_sum)),
-                    "x-ratelimit-reset-tokens": f"{max(0.0, reset):.0f}s"}
+            out |= {
+                "x-ratelimit-limit-tokens": str(tpm),
+                "x-ratelimit-remaining-tokens": str(max(0, tpm - usage.token_sum)),
+                "x-ratelimit-reset-tokens": f"{max(0.0, reset):.0f}s",
+            }
         return out
 
 
@@ -158,7 +172,9 @@ def authenticate(store: KeyStore, authorization: str | None, *, required: bool) 
         presented = token.strip()
     if presented is None:
         if required:
-            raise AuthError(401, "invalid_api_key", "this endpoint requires an API key (Authorization: Bearer ...)")
+            raise AuthError(
+                401, "invalid_api_key", "this endpoint requires an API key (Authorization: Bearer ...)"
+            )
         return None
     key = store.find(presented)
     if key is None:
@@ -168,8 +184,14 @@ def authenticate(store: KeyStore, authorization: str | None, *, required: bool) 
     return key
 
 
-def authorize(store: KeyStore, authorization: str | None, model: str, *, required: bool,
-              extra_allowed: frozenset[str] = frozenset()) -> tuple[ApiKey | None, dict[str, str]]:
+def authorize(
+    store: KeyStore,
+    authorization: str | None,
+    model: str,
+    *,
+    required: bool,
+    extra_allowed: frozenset[str] = frozenset(),
+) -> tuple[ApiKey | None, dict[str, str]]:
     """authenticate, then 403 for a model the key may not use and 429 over quota; admits the request.
 
     `extra_allowed`: names of keys allowed this model by its InferenceService's apiKeySecretRef.

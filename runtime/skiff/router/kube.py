@@ -76,16 +76,18 @@ def pools_from_objects(isvcs: list[dict], slices: list[dict], secrets: list[dict
             secret = by_name.get((namespace, ref["name"]))
             # a missing Secret or key: the pods reject everything anyway; the model stays key-only
             upstream_key = (secret_value(secret, ref.get("key", "token")) if secret else None) or "\0missing"
-        specs.append(PoolSpec(
-            name=name,
-            namespace=namespace,
-            models=served_models(isvc),
-            addresses=tuple(dict.fromkeys(by_owner.get((namespace, name), []))),
-            strategy=routing.get("strategy", "prefixHash"),
-            prefix_chars=int(routing.get("prefixChars", 256)),
-            replicas=spec.get("replicas"),
-            upstream_key=upstream_key,
-        ))
+        specs.append(
+            PoolSpec(
+                name=name,
+                namespace=namespace,
+                models=served_models(isvc),
+                addresses=tuple(dict.fromkeys(by_owner.get((namespace, name), []))),
+                strategy=routing.get("strategy", "prefixHash"),
+                prefix_chars=int(routing.get("prefixChars", 256)),
+                replicas=spec.get("replicas"),
+                upstream_key=upstream_key,
+            )
+        )
     return specs
 
 
@@ -143,10 +145,13 @@ class KubeSource:
             args = ("discovery.k8s.io", self._slice_version)
             try:
                 if namespace:
-                    out = self._custom.list_namespaced_custom_object(*args, namespace, "endpointslices",
-                                                                     label_selector=ISVC_LABEL)
+                    out = self._custom.list_namespaced_custom_object(
+                        *args, namespace, "endpointslices", label_selector=ISVC_LABEL
+                    )
                 else:
-                    out = self._custom.list_cluster_custom_object(*args, "endpointslices", label_selector=ISVC_LABEL)
+                    out = self._custom.list_cluster_custom_object(
+                        *args, "endpointslices", label_selector=ISVC_LABEL
+                    )
                 return out["items"]
             except ApiException as e:
                 if e.status != 404 or self._slice_version != "v1":
@@ -186,12 +191,20 @@ class KubeSource:
             return None
         try:
             out = self._custom.list_namespaced_custom_object(
-                "discovery.k8s.io", "v1", self.peers_namespace, "endpointslices",
-                label_selector=f"kubernetes.io/service-name={self.peers_service}")
+                "discovery.k8s.io",
+                "v1",
+                self.peers_namespace,
+                "endpointslices",
+                label_selector=f"kubernetes.io/service-name={self.peers_service}",
+            )
         except Exception as e:  # RBAC or an old cluster: keep the configured share
             if not getattr(self, "_peers_warned", False):
-                log.warning("cannot count router replicas through %s/%s (keeping --quota-replicas): %s",
-                            self.peers_namespace, self.peers_service, e)
+                log.warning(
+                    "cannot count router replicas through %s/%s (keeping --quota-replicas): %s",
+                    self.peers_namespace,
+                    self.peers_service,
+                    e,
+                )
                 self._peers_warned = True
             return None
         return len({a for s in out.get("items", []) for a in slice_addresses(s)})
@@ -209,11 +222,14 @@ class KubeSource:
         """Set replicas 0 -> 1 through the scale subresource (the autoscaler takes it from there)."""
 
         def patch() -> bool:
-            scale = self._custom.get_namespaced_custom_object_scale(GROUP, VERSION, spec.namespace, PLURAL, spec.name)
+            scale = self._custom.get_namespaced_custom_object_scale(
+                GROUP, VERSION, spec.namespace, PLURAL, spec.name
+            )
             if (scale.get("spec") or {}).get("replicas", 0) > 0:
                 return False
             self._custom.patch_namespaced_custom_object_scale(
-                GROUP, VERSION, spec.namespace, PLURAL, spec.name, {"spec": {"replicas": 1}})
+                GROUP, VERSION, spec.namespace, PLURAL, spec.name, {"spec": {"replicas": 1}}
+            )
             return True
 
         try:

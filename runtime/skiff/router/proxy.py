@@ -54,8 +54,15 @@ class NoEndpoint(Exception):
         self.tried = tried
 
 
-async def open_upstream(client: httpx.AsyncClient, pool: Pool, path: str, body: dict, routing_key: str,
-                        max_attempts: int, on_retry=None) -> Upstream:
+async def open_upstream(
+    client: httpx.AsyncClient,
+    pool: Pool,
+    path: str,
+    body: dict,
+    routing_key: str,
+    max_attempts: int,
+    on_retry=None,
+) -> Upstream:
     """Pick an endpoint and send; on connection failure (or 502/503 before any byte) eject it and retry."""
     tried: list[str] = []
     last_error = "no ready endpoint"
@@ -66,7 +73,9 @@ async def open_upstream(client: httpx.AsyncClient, pool: Pool, path: str, body: 
         tried.append(endpoint.address)
         endpoint.inflight += 1
         try:
-            headers = {"authorization": f"Bearer {pool.spec.upstream_key}"} if pool.spec.upstream_key else None
+            headers = (
+                {"authorization": f"Bearer {pool.spec.upstream_key}"} if pool.spec.upstream_key else None
+            )
             request = client.build_request("POST", endpoint.url + path, json=body, headers=headers)
             response = await client.send(request, stream=True)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError) as e:

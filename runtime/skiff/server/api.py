@@ -31,7 +31,9 @@ HEALTH_GENERATE_TIMEOUT = 30.0
 async def read_body(request: Request, limit: int) -> bytes:
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > limit:
-        raise ApiError(413, f"request body too large: {length} bytes, the limit is {limit}", code="body_too_large")
+        raise ApiError(
+            413, f"request body too large: {length} bytes, the limit is {limit}", code="body_too_large"
+        )
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
@@ -111,7 +113,9 @@ def create_app(args: ServerArgs, client: EngineClient) -> FastAPI:
     async def respond(request: Request, job: Job, stream: bool, include_usage: bool) -> Response:
         headers = {"x-request-id": job.id}
         if stream:
-            return StreamingResponse(job.stream(include_usage), media_type="text/event-stream", headers=headers)
+            return StreamingResponse(
+                job.stream(include_usage), media_type="text/event-stream", headers=headers
+            )
         collect = asyncio.ensure_future(job.collect())
         gone = asyncio.ensure_future(_until_disconnect(request))
         done, _ = await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -133,10 +137,17 @@ def create_app(args: ServerArgs, client: EngineClient) -> FastAPI:
         check_serving()
         prompts = [Prompt(kind, value) for kind, value in req.prompts()]
         check_n(req.n, len(prompts))
-        params = req.base_params() | {"max_tokens": req.max_tokens, "seed": req.seed,
-                                      "logprobs": req.logprobs is not None, "top_logprobs": req.logprobs or 0}
-        detok = {"stop": req.stop_list(), "skip_special_tokens": req.skip_special_tokens,
-                 "logprobs": req.logprobs is not None}
+        params = req.base_params() | {
+            "max_tokens": req.max_tokens,
+            "seed": req.seed,
+            "logprobs": req.logprobs is not None,
+            "top_logprobs": req.logprobs or 0,
+        }
+        detok = {
+            "stop": req.stop_list(),
+            "skip_special_tokens": req.skip_special_tokens,
+            "logprobs": req.logprobs is not None,
+        }
         job = Job(client, False, model_name, prompts, params, req.n, detok, request_id(request))
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return await respond(request, job, req.stream, include_usage)
@@ -152,16 +163,30 @@ def create_app(args: ServerArgs, client: EngineClient) -> FastAPI:
         if not req.add_generation_prompt:
             template_kwargs["add_generation_prompt"] = False
         prompt = Prompt("chat", messages, template_kwargs)
-        params = req.base_params() | {"max_tokens": req.completion_budget(), "seed": req.seed,
-                                      "logprobs": req.logprobs, "top_logprobs": req.top_logprobs or 0}
-        detok = {"stop": req.stop_list(), "skip_special_tokens": req.skip_special_tokens, "logprobs": req.logprobs}
+        params = req.base_params() | {
+            "max_tokens": req.completion_budget(),
+            "seed": req.seed,
+            "logprobs": req.logprobs,
+            "top_logprobs": req.top_logprobs or 0,
+        }
+        detok = {
+            "stop": req.stop_list(),
+            "skip_special_tokens": req.skip_special_tokens,
+            "logprobs": req.logprobs,
+        }
         job = Job(client, True, model_name, [prompt], params, req.n, detok, request_id(request))
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return await respond(request, job, req.stream, include_usage)
 
     def model_card() -> dict[str, Any]:
-        return {"id": model_name, "object": "model", "created": int(app.state.started), "owned_by": "skiff",
-                "root": model_name, "max_model_len": client.info.max_context_len}
+        return {
+            "id": model_name,
+            "object": "model",
+            "created": int(app.state.started),
+            "owned_by": "skiff",
+            "root": model_name,
+            "max_model_len": client.info.max_context_len,
+        }
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -183,8 +208,16 @@ def create_app(args: ServerArgs, client: EngineClient) -> FastAPI:
     async def health_generate() -> Response:
         check_serving()
         params = {"max_tokens": 1, "temperature": 0.0, "ignore_eos": True}
-        job = Job(client, False, model_name, [Prompt("ids", client.info.probe_ids)], params, 1,
-                  {"stop": [], "skip_special_tokens": True, "logprobs": False}, "health-" + str(time.time_ns()))
+        job = Job(
+            client,
+            False,
+            model_name,
+            [Prompt("ids", client.info.probe_ids)],
+            params,
+            1,
+            {"stop": [], "skip_special_tokens": True, "logprobs": False},
+            "health-" + str(time.time_ns()),
+        )
         try:
             body = await asyncio.wait_for(job.collect(), HEALTH_GENERATE_TIMEOUT)
         except TimeoutError:
@@ -201,7 +234,12 @@ def create_app(args: ServerArgs, client: EngineClient) -> FastAPI:
         """KV page accounting, checked by the engine itself (free + cached + used == total)."""
         check_serving()
         reply = await client.control("check_integrity")
-        body = {"ok": reply["ok"], "error": reply.get("error"), "stats": reply.get("stats"), "live": reply.get("live")}
+        body = {
+            "ok": reply["ok"],
+            "error": reply.get("error"),
+            "stats": reply.get("stats"),
+            "live": reply.get("live"),
+        }
         return JSONResponse(body, status_code=200 if reply["ok"] else 500)
 
     @app.get("/skiff/processes")

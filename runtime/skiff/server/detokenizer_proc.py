@@ -26,11 +26,14 @@ class RequestDecodeState:
         skip = bool(reg.get("skip_special_tokens", True))
         fast = getattr(tok, "_tokenizer", None)  # the Rust tokenizer: no Python-side overhead per call
         if fast is not None:
+
             def decode(ids: Sequence[int]) -> str:
                 return fast.decode(list(ids), skip_special_tokens=skip)
         else:
+
             def decode(ids: Sequence[int]) -> str:
                 return tok.decode(list(ids), skip_special_tokens=skip)
+
         self.decoder = IncrementalDecoder(decode)
         self.stop = StopMatcher(reg.get("stop") or [])
         self.want_logprobs = bool(reg.get("logprobs"))

@@ -102,8 +102,10 @@ class EngineClient:
                 elapsed = timeout - (deadline - time.monotonic())
                 detail = ""
                 if msg["who"] == "scheduler":
-                    detail = (f": {msg.get('total_pages', 0)} KV pages of {msg.get('page_size', '?')} tokens, "
-                              f"context {msg['max_context_len']}")
+                    detail = (
+                        f": {msg.get('total_pages', 0)} KV pages of {msg.get('page_size', '?')} tokens, "
+                        f"context {msg['max_context_len']}"
+                    )
                 print(f"  {msg['who']} ready after {elapsed:.1f} s{detail}", flush=True)
             elif msg["t"] == P.STATS:
                 self._on_stats(msg["stats"])
@@ -125,9 +127,17 @@ class EngineClient:
         self._reader = asyncio.get_running_loop().create_task(self._read_loop())
 
     # --- requests ------------------------------------------------------------------------------
-    def submit(self, kind: str, prompt: Any, params: list[dict[str, Any]], detok: dict[str, Any],
-               sink: asyncio.Queue[tuple[int, Delta | Failure]], first_index: int, rid_base: str,
-               template_kwargs: dict[str, Any] | None = None) -> list[str]:
+    def submit(
+        self,
+        kind: str,
+        prompt: Any,
+        params: list[dict[str, Any]],
+        detok: dict[str, Any],
+        sink: asyncio.Queue[tuple[int, Delta | Failure]],
+        first_index: int,
+        rid_base: str,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> list[str]:
         """Send one prompt, fanned out to len(params) engine requests; their outputs land in `sink`."""
         now = time.monotonic()
         rids = [f"{rid_base}-{first_index + i}" for i in range(len(params))]

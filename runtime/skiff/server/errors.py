@@ -7,9 +7,17 @@ from typing import Any
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
-          429: "rate_limit_error", 500: "internal_server_error", 503: "service_unavailable"}
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "internal_server_error",
+    503: "service_unavailable",
+}
 
 
 class ApiError(Exception):
@@ -24,9 +32,17 @@ class ApiError(Exception):
         return JSONResponse(self.body(), status_code=self.status)
 
 
-def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"),
-                      "param": param, "code": code if code is not None else str(status)}}
+def error_body(
+    status: int, message: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    return {
+        "error": {
+            "message": message,
+            "type": _TYPES.get(status, "invalid_request_error"),
+            "param": param,
+            "code": code if code is not None else str(status),
+        }
+    }
 
 
 def from_validation(e: ValidationError) -> ApiError:

@@ -33,8 +33,17 @@ class ChoiceState:
 
 
 class Job:
-    def __init__(self, client: EngineClient, chat: bool, model: str, prompts: list[Prompt],
-                 params: dict[str, Any], n: int, detok: dict[str, Any], request_id: str | None = None) -> None:
+    def __init__(
+        self,
+        client: EngineClient,
+        chat: bool,
+        model: str,
+        prompts: list[Prompt],
+        params: dict[str, Any],
+        n: int,
+        detok: dict[str, Any],
+        request_id: str | None = None,
+    ) -> None:
         self.client, self.chat, self.model, self.n = client, chat, model, n
         prefix = "chatcmpl-" if chat else "cmpl-"
         self.id = request_id or prefix + uuid.uuid4().hex
@@ -51,8 +60,16 @@ class Job:
                 if p.get("seed") is not None:
                     p["seed"] = p["seed"] + i
                 per_choice.append(p)
-            self.rids += client.submit(prompt.kind, prompt.value, per_choice, detok, self.sink,
-                                       p_index * n, rid_base, prompt.template_kwargs)
+            self.rids += client.submit(
+                prompt.kind,
+                prompt.value,
+                per_choice,
+                detok,
+                self.sink,
+                p_index * n,
+                rid_base,
+                prompt.template_kwargs,
+            )
 
     def abort(self) -> None:
         for rid in self.rids:
@@ -64,7 +81,9 @@ class Job:
             while self._open:
                 index, item = await self.sink.get()
                 if isinstance(item, Failure):
-                    raise ApiError(item.status, item.message, code="engine_error" if item.status >= 500 else None)
+                    raise ApiError(
+                        item.status, item.message, code="engine_error" if item.status >= 500 else None
+                    )
                 if item.error:
                     raise ApiError(500, f"generation failed: {item.error}", code="engine_error")
                 c = self.choices[index]
@@ -86,39 +105,65 @@ class Job:
         prompt = sum(self.choices[i].prompt_tokens for i in range(0, len(self.choices), self.n))
         cached = sum(self.choices[i].cached_tokens for i in range(0, len(self.choices), self.n))
         completion = sum(c.completion_tokens for c in self.choices)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-                "prompt_tokens_details": {"cached_tokens": cached}}
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
 
     # --- response bodies -----------------------------------------------------------------------
     def _logprobs(self, entries: list[list[Any]], offset: int) -> dict[str, Any] | None:
         if not entries:
             return None
         if self.chat:
-            return {"content": [
-                {"token": tok, "logprob": lp, "bytes": list(tok.encode()),
-                 "top_logprobs": [{"token": a, "logprob": v, "bytes": list(a.encode())} for a, v in alts]}
-                for tok, lp, alts in entries
-            ]}
+            return {
+                "content": [
+                    {
+                        "token": tok,
+                        "logprob": lp,
+                        "bytes": list(tok.encode()),
+                        "top_logprobs": [
+                            {"token": a, "logprob": v, "bytes": list(a.encode())} for a, v in alts
+                        ],
+                    }
+                    for tok, lp, alts in entries
+                ]
+            }
         offsets, pos = [], offset
         for tok, _, _ in entries:
             offsets.append(pos)
             pos += len(tok)
-        return {"tokens": [e[0] for e in entries], "token_logprobs": [e[1] for e in entries],
-                "top_logprobs": [dict(e[2]) for e in entries], "text_offset": offsets}
+        return {
+            "tokens": [e[0] for e in entries],
+            "token_logprobs": [e[1] for e in entries],
+            "top_logprobs": [dict(e[2]) for e in entries],
+            "text_offset": offsets,
+        }
 
     def final_body(self) -> dict[str, Any]:
         choices = []
         for i, c in enumerate(self.choices):
             text = "".join(c.text)
-            choice: dict[str, Any] = {"index": i, "finish_reason": c.finish_reason,
-                                      "logprobs": self._logprobs(c.logprobs, 0), "matched_stop": c.matched_stop}
+            choice: dict[str, Any] = {
+                "index": i,
+                "finish_reason": c.finish_reason,
+                "logprobs": self._logprobs(c.logprobs, 0),
+                "matched_stop": c.matched_stop,
+            }
             if self.chat:
                 choice["message"] = {"role": "assistant", "content": text}
             else:
                 choice["text"] = text
             choices.append(choice)
-        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
-                "created": self.created, "model": self.model, "choices": choices, "usage": self.usage()}
+        return {
+            "id": self.id,
+            "object": "chat.completion" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": self.usage(),
+        }
 
     async def collect(self) -> dict[str, Any]:
         async for _ in self.events():
@@ -126,8 +171,13 @@ class Job:
         return self.final_body()
 
     def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> str:
-        body: dict[str, Any] = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
-                                "created": self.created, "model": self.model, "choices": choices}
+        body: dict[str, Any] = {
+            "id": self.id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
         if usage is not None:
             body["usage"] = usage
         return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
@@ -136,13 +186,25 @@ class Job:
         offsets = [0] * len(self.choices)
         try:
             if self.chat:
-                yield self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                    "finish_reason": None} for i in range(len(self.choices))])
+                yield self._chunk(
+                    [
+                        {
+                            "index": i,
+                            "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                        for i in range(len(self.choices))
+                    ]
+                )
             async for index, d in self.events():
                 if not d.text and not d.logprobs and d.finish_reason is None:
                     continue
-                choice: dict[str, Any] = {"index": index, "logprobs": self._logprobs(d.logprobs or [], offsets[index]),
-                                          "finish_reason": d.finish_reason}
+                choice: dict[str, Any] = {
+                    "index": index,
+                    "logprobs": self._logprobs(d.logprobs or [], offsets[index]),
+                    "finish_reason": d.finish_reason,
+                }
                 offsets[index] += len(d.text)
                 if d.finish_reason is not None:
                     choice["matched_stop"] = d.matched_stop

@@ -115,7 +115,9 @@ class Pod:
                 drain_deadline = time.monotonic() + self.args.grace_period
             if drain_deadline is not None and time.monotonic() > drain_deadline and client.requests:
                 # grace is over: end what is left with an error rather than cutting connections
-                client.fail_all(f"the server is shutting down (grace period of {self.args.grace_period:.0f} s is over)")
+                client.fail_all(
+                    f"the server is shutting down (grace period of {self.args.grace_period:.0f} s is over)"
+                )
             await asyncio.sleep(MONITOR_INTERVAL)
 
     async def serve(self) -> int:
@@ -131,18 +133,29 @@ class Pod:
             print(f"skiff serve: startup failed: {e}", file=sys.stderr, flush=True)
             client.close()
             return 1
-        metrics.set_cache_config(int(client.stats.get("page_size", self.args.engine.page_size)),
-                                 int(client.stats.get("total_pages", 0)))
+        metrics.set_cache_config(
+            int(client.stats.get("page_size", self.args.engine.page_size)),
+            int(client.stats.get("total_pages", 0)),
+        )
         client.info.pids = {name: int(proc.pid or 0) for name, proc in self.procs.items()}
         client.start()
         app = create_app(self.args, client)
-        config = uvicorn.Config(app, host=self.args.host, port=self.args.port, log_level=self.args.log_level,
-                                timeout_graceful_shutdown=int(self.args.grace_period) + 5, access_log=False,
-                                lifespan="off")
+        config = uvicorn.Config(
+            app,
+            host=self.args.host,
+            port=self.args.port,
+            log_level=self.args.log_level,
+            timeout_graceful_shutdown=int(self.args.grace_period) + 5,
+            access_log=False,
+            lifespan="off",
+        )
         server = _Server(config, lambda sig: setattr(client, "draining", True))
         watcher = asyncio.ensure_future(self.monitor(client, server))
-        print(f"Skiff is serving {self.args.model_name} at http://{self.args.host}:{self.args.port}/v1 "
-              f"(ready in {time.monotonic() - t0:.1f} s)", flush=True)
+        print(
+            f"Skiff is serving {self.args.model_name} at http://{self.args.host}:{self.args.port}/v1 "
+            f"(ready in {time.monotonic() - t0:.1f} s)",
+            flush=True,
+        )
         try:
             await server.serve()
         finally:

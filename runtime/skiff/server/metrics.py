@@ -7,10 +7,51 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                    15.0, 20.0, 30.0, 60.0, 120.0, 300.0)
-_ITL_BUCKETS = (0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
-                0.5, 0.75, 1.0, 2.0, 5.0)
+_LATENCY_BUCKETS = (
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+)
+_ITL_BUCKETS = (
+    0.002,
+    0.005,
+    0.01,
+    0.015,
+    0.02,
+    0.025,
+    0.03,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.0,
+    5.0,
+)
 
 
 class ServerMetrics:
@@ -28,28 +69,55 @@ class ServerMetrics:
         self.num_queue_reqs = gauge("sglang:num_queue_reqs", "Requests waiting in the scheduler's queue")
         self.num_running_reqs = gauge("sglang:num_running_reqs", "Requests in the running batch")
         self.token_usage = gauge("sglang:token_usage", "Fraction of the KV pool in use (0..1)")
-        self.cache_hit_rate = gauge("sglang:cache_hit_rate", "Prompt tokens served from the prefix cache / prompt tokens")
+        self.cache_hit_rate = gauge(
+            "sglang:cache_hit_rate", "Prompt tokens served from the prefix cache / prompt tokens"
+        )
         self.gen_throughput = gauge("sglang:gen_throughput", "Generated tokens per second (recent)")
-        self.ttft = Histogram("sglang:time_to_first_token_seconds", "Time to first token", labels,
-                              buckets=_LATENCY_BUCKETS, registry=r).labels(**self._labels)
-        self.itl = Histogram("sglang:inter_token_latency_seconds", "Time between output tokens", labels,
-                             buckets=_ITL_BUCKETS, registry=r).labels(**self._labels)
-        self.e2e = Histogram("sglang:e2e_request_latency_seconds", "Request latency, arrival to last token", labels,
-                             buckets=_LATENCY_BUCKETS, registry=r).labels(**self._labels)
+        self.ttft = Histogram(
+            "sglang:time_to_first_token_seconds",
+            "Time to first token",
+            labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        ).labels(**self._labels)
+        self.itl = Histogram(
+            "sglang:inter_token_latency_seconds",
+            "Time between output tokens",
+            labels,
+            buckets=_ITL_BUCKETS,
+            registry=r,
+        ).labels(**self._labels)
+        self.e2e = Histogram(
+            "sglang:e2e_request_latency_seconds",
+            "Request latency, arrival to last token",
+            labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        ).labels(**self._labels)
         self.prompt_tokens = counter("sglang:prompt_tokens", "Prompt tokens of finished requests")
         self.generation_tokens = counter("sglang:generation_tokens", "Generated tokens")
         self.cached_tokens = counter("sglang:cached_tokens", "Prompt tokens served from the prefix cache")
         self.num_requests = counter("sglang:num_requests", "Finished requests")
-        self.cache_config = Gauge("sglang:cache_config_info", "KV cache geometry", ["page_size", "num_pages"], registry=r)
+        self.cache_config = Gauge(
+            "sglang:cache_config_info", "KV cache geometry", ["page_size", "num_pages"], registry=r
+        )
         self.pages_total = gauge("skiff:kv_pages_total", "KV pages in the pool")
         self.pages_free = gauge("skiff:kv_pages_free", "KV pages neither used nor cached")
-        self.pages_cached = gauge("skiff:kv_pages_cached", "KV pages held only by the prefix cache (evictable)")
+        self.pages_cached = gauge(
+            "skiff:kv_pages_cached", "KV pages held only by the prefix cache (evictable)"
+        )
         self.pages_used = gauge("skiff:kv_pages_used", "KV pages held by live requests")
         self.preemptions = gauge("skiff:num_preemptions", "Requests retracted to free KV pages, since start")
         self.inflight = gauge("skiff:inflight_requests", "Engine requests the API server is waiting on")
-        self.finished = Counter("skiff:requests_finished", "Finished engine requests by reason",
-                                ["model_name", "finish_reason"], registry=r)
-        self.errors = Counter("skiff:http_errors", "Error responses by status", ["model_name", "status"], registry=r)
+        self.finished = Counter(
+            "skiff:requests_finished",
+            "Finished engine requests by reason",
+            ["model_name", "finish_reason"],
+            registry=r,
+        )
+        self.errors = Counter(
+            "skiff:http_errors", "Error responses by status", ["model_name", "status"], registry=r
+        )
 
     def set_cache_config(self, page_size: int, num_pages: int) -> None:
         self.cache_config.labels(page_size=str(page_size), num_pages=str(num_pages)).set(1)

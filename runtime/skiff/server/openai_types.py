@@ -154,7 +154,9 @@ class ChatMessage(_Strict):
         if isinstance(v, list):
             for part in v:
                 if isinstance(part, dict) and part.get("type") not in (None, "text"):
-                    raise ValueError(f"content parts of type {part.get('type')!r} are not supported (text only)")
+                    raise ValueError(
+                        f"content parts of type {part.get('type')!r} are not supported (text only)"
+                    )
         return v
 
     @model_validator(mode="after")
@@ -167,7 +169,10 @@ class ChatMessage(_Strict):
         content = self.content
         if isinstance(content, list):
             content = "".join(p.text for p in content)
-        msg: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": content or ""}
+        msg: dict[str, Any] = {
+            "role": "system" if self.role == "developer" else self.role,
+            "content": content or "",
+        }
         if self.name:
             msg["name"] = self.name
         if self.tool_call_id:

@@ -46,9 +46,12 @@ class SchedulerLoop:
         self._throughput = 0.0
 
     def ready_info(self) -> dict[str, Any]:
-        info = {"max_context_len": int(self.engine.max_context_len), "eos_token_ids": list(self.engine.eos_token_ids),
-                # the engine's TP ranks: the API process ends them if this process dies without doing so
-                "rank_pids": [int(p.pid) for p in mp.active_children() if p.pid]}
+        info = {
+            "max_context_len": int(self.engine.max_context_len),
+            "eos_token_ids": list(self.engine.eos_token_ids),
+            # the engine's TP ranks: the API process ends them if this process dies without doing so
+            "rank_pids": [int(p.pid) for p in mp.active_children() if p.pid],
+        }
         info.update(_stats_dict(self.engine))
         return info
 
@@ -119,8 +122,18 @@ class SchedulerLoop:
             if o.finish_reason is not None:
                 self.live.discard(o.rid)
             rows.append(
-                [o.rid, list(o.token_ids), o.logprobs, o.top_logprobs, o.finish_reason, o.matched_stop,
-                 o.prompt_tokens, o.cached_tokens, o.completion_tokens, o.error]
+                [
+                    o.rid,
+                    list(o.token_ids),
+                    o.logprobs,
+                    o.top_logprobs,
+                    o.finish_reason,
+                    o.matched_stop,
+                    o.prompt_tokens,
+                    o.cached_tokens,
+                    o.completion_tokens,
+                    o.error,
+                ]
             )
         self.to_detok.send(P.pack({"t": P.OUT, "outs": rows}))
 

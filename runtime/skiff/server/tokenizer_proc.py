@@ -38,7 +38,9 @@ def encode_prompt(tok: Any, msg: dict[str, Any]) -> list[int]:
             raise PromptError("this model has no chat template: use /v1/completions")
         try:
             text = tok.apply_chat_template(
-                msg["messages"], tokenize=False, add_generation_prompt=msg.get("add_generation_prompt", True),
+                msg["messages"],
+                tokenize=False,
+                add_generation_prompt=msg.get("add_generation_prompt", True),
                 **(msg.get("template_kwargs") or {}),
             )
         except Exception as e:  # jinja's raise_exception (e.g. roles must alternate) and template errors
@@ -55,7 +57,9 @@ def run_tokenizer(args: ServerArgs, endpoints: P.Endpoints, index: int) -> None:
     to_sched = P.push_socket(ctx, endpoints.scheduler)
     to_api = P.push_socket(ctx, endpoints.api)
     probe = tok.encode("Hello", add_special_tokens=False) or [0]
-    to_api.send(P.pack({"t": P.READY, "who": f"tokenizer-{index}", "probe_ids": probe, "vocab_size": len(tok)}))
+    to_api.send(
+        P.pack({"t": P.READY, "who": f"tokenizer-{index}", "probe_ids": probe, "vocab_size": len(tok)})
+    )
     while True:
         msg = P.unpack(inbox.recv())
         if msg["t"] == P.SHUTDOWN:
@@ -69,7 +73,11 @@ def run_tokenizer(args: ServerArgs, endpoints: P.Endpoints, index: int) -> None:
         except Exception as e:  # a tokenizer bug must not take the worker down
             log.exception("tokenizing failed")
             for rid in msg["rids"]:
-                to_api.send(P.pack({"t": P.ERR, "rid": rid, "status": 500, "message": f"tokenizer error: {e}"}))
+                to_api.send(
+                    P.pack({"t": P.ERR, "rid": rid, "status": 500, "message": f"tokenizer error: {e}"})
+                )
             continue
         for rid, params in zip(msg["rids"], msg["params"], strict=True):
-            to_sched.send(P.pack({"t": P.ADD, "rid": rid, "ids": ids, "params": params, "detok": msg["detok"]}))
+            to_sched.send(
+                P.pack({"t": P.ADD, "rid": rid, "ids": ids, "params": params, "detok": msg["detok"]})
+            )
