@@ -8,6 +8,8 @@ from typing import Literal, get_args
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 DTYPE_NAMES: tuple[str, ...] = get_args(DType)
+LoadFormat = Literal["auto", "dummy"]  # dummy: random weights for the config.json's model, no checkpoint read
+LOAD_FORMATS: tuple[str, ...] = get_args(LoadFormat)
 
 
 @dataclass
@@ -16,6 +18,7 @@ class EngineConfig:
     tokenizer: str | None = None  # defaults to the model's own
     served_model_name: str | None = None
     dtype: DType = "auto"  # fp32 on CPU, bf16 on GPU
+    load_format: LoadFormat = "auto"
     quantization: str | None = None  # "int8": int8 weights and activations on CPU (skiff.layers.quant)
     kv_cache_dtype: DType = (
         "auto"  # the KV pool's dtype; "auto": the model's. Others: CPU only (SGLang's flag)
@@ -51,6 +54,10 @@ class EngineConfig:
             raise ValueError(f"chunked_prefill_size must be >= 16, got {self.chunked_prefill_size}")
         if not 0.0 < self.mem_fraction < 1.0:
             raise ValueError(f"mem_fraction must be in (0, 1), got {self.mem_fraction}")
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(
+                f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}"
+            )
         if self.quantization not in (None, "int8"):
             raise ValueError(f"quantization must be None or 'int8', got {self.quantization!r}")
         if self.kv_cache_dtype not in DTYPE_NAMES:

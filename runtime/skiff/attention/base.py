@@ -1,15 +1,18 @@
-"""The attention backend interface and its registry.
+"""The attention backend interface.
 
 A backend is bound to the KV pool. For each forward batch the runner calls `prepare(batch)` once, then every
 layer calls `forward(q, k, v, layer)`, which must write k/v of the new tokens into the pool at
 `batch.out_slots` and return attention over each sequence's whole context (cached prefix + new tokens).
+
+Backends that set `supports_cuda_graphs` also implement the decode-graph hooks: `init_graphs` once, then
+`prepare_capture` before a graph of batch size bs is captured and `prepare_replay` before it replays. Those
+hooks plan on fixed device buffers, so the captured kernels read each replay's metadata in place.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
@@ -19,6 +22,8 @@ if TYPE_CHECKING:
 
 
 class AttentionBackend(ABC):
+    supports_cuda_graphs: ClassVar[bool] = False
+
     def __init__(self, pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
         self.pool = pool
         self.num_heads = num_heads
@@ -33,32 +38,17 @@ class AttentionBackend(ABC):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
         """q: [T, Hq, D], k/v: [T, Hkv, D] -> [T, Hq, D]"""
 
+    # ------------------------------------------------------------------------------------------ CUDA graphs
+    def init_graphs(self, max_bs: int, max_pages_per_seq: int) -> None:
+        """Allocate the device buffers shared by every captured batch size (one graph replays at a time)."""
+        raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")
 
-BackendFactory = Callable[..., AttentionBackend]
-BACKENDS: dict[str, Callable[[], type[AttentionBackend]]] = {}
+    def prepare_capture(self, bs: int, slots: torch.Tensor) -> None:
+        """Plan a decode batch of bs placeholder rows writing KV at `slots` (device [bs]), for capture."""
+        raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")
 
-
-def register_backend(name: str, loader: Callable[[], type[AttentionBackend]]) -> None:
-    BACKENDS[name] = loader
-
-
-def get_backend(name: str) -> type[AttentionBackend]:
-    if name not in BACKENDS:
-        raise ValueError(f"unknown attention backend {name!r}; available: {sorted(BACKENDS)}")
-    return BACKENDS[name]()
-
-
-def _torch() -> type[AttentionBackend]:
-    from skiff.attention.torch_backend import TorchBackend
-
-    return TorchBackend
-
-
-def _flashinfer() -> type[AttentionBackend]:
-    from skiff.attention.flashinfer_backend import FlashInferBackend
-
-    return FlashInferBackend
-
-
-register_backend("torch", _torch)
-register_backend("flashinfer", _flashinfer)
+    def prepare_replay(
+        self, bs: int, slots: torch.Tensor, seq_lens: list[int], page_tables: list[list[int]]
+    ) -> None:
+        """Plan the real decode rows (len(seq_lens) <= bs) into the buffers the graph of size bs reads."""
+        raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")

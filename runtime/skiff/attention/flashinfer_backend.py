@@ -47,6 +47,8 @@ def _pinned(values: list[int]) -> torch.Tensor:
 
 
 class FlashInferBackend(AttentionBackend):
+    supports_cuda_graphs = True
+
     def __init__(self, pool: KVPool, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
         super().__init__(pool, num_heads, num_kv_heads, head_dim)
         import flashinfer
@@ -87,11 +89,22 @@ class FlashInferBackend(AttentionBackend):
         )
 
     # ------------------------------------------------------------------------------------------ planning
-    def _plan(self, wrapper: Any, *args: Any, **kwargs: Any) -> None:
+    def _plan(self, wrapper: Any, *csr: torch.Tensor, **options: Any) -> None:
+        """wrapper.plan over the CSR page tables `csr`, with this model's heads, page size and dtypes."""
         fence = self._fences.get(id(wrapper))
         if fence is not None:
             fence.synchronize()  # the previous plan's pinned-buffer copy has left the host buffer
-        wrapper.plan(*args, **kwargs)
+        wrapper.plan(
+            *csr,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.page_size,
+            q_data_type=self.dtype,
+            kv_data_type=self.dtype,
+            sm_scale=self.scale,
+            **options,
+        )
         event = torch.cuda.Event()
         event.record()
         self._fences[id(wrapper)] = event
@@ -100,21 +113,9 @@ class FlashInferBackend(AttentionBackend):
         indptr, indices, last = paged_metadata(seq_lens, tables, self.page_size)
         if (
             wrapper is not self.decode_wrapper
-        ):  # graph wrappers copy host indices synchronously: hand them device ones
+        ):  # graph wrappers copy host indices synchronously: use device ones
             indices = indices.to(self.device, non_blocking=True)
-        self._plan(
-            wrapper,
-            indptr,
-            indices,
-            last,
-            self.num_heads,
-            self.num_kv_heads,
-            self.head_dim,
-            self.page_size,
-            q_data_type=self.dtype,
-            kv_data_type=self.dtype,
-            sm_scale=self.scale,
-        )
+        self._plan(wrapper, indptr, indices, last)
 
     def prepare(self, batch: ForwardBatch) -> None:
         self._slots = batch.out_slots
@@ -124,26 +125,11 @@ class FlashInferBackend(AttentionBackend):
             return
         indptr, indices, last = paged_metadata(batch.seq_lens, batch.page_tables, self.page_size)
         qo_indptr = _pinned([0, *accumulate(batch.q_lens)])
-        self._plan(
-            self.prefill_wrapper,
-            qo_indptr,
-            indptr,
-            indices,
-            last,
-            self.num_heads,
-            self.num_kv_heads,
-            self.head_dim,
-            self.page_size,
-            causal=True,
-            sm_scale=self.scale,
-            q_data_type=self.dtype,
-            kv_data_type=self.dtype,
-        )
+        self._plan(self.prefill_wrapper, qo_indptr, indptr, indices, last, causal=True)
         self._active = self.prefill_wrapper
 
     # ------------------------------------------------------------------------------------------ CUDA graphs
     def init_graphs(self, max_bs: int, max_pages_per_seq: int) -> None:
-        """Device buffers shared by every captured batch size (one graph replays at a time)."""
         i32 = torch.int32
         self._graph_bufs = (
             torch.zeros(max_bs + 1, dtype=i32, device=self.device),
@@ -151,20 +137,18 @@ class FlashInferBackend(AttentionBackend):
             torch.ones(max_bs, dtype=i32, device=self.device),
         )
 
-    def prepare_graph(
-        self,
-        bs: int,
-        slots: torch.Tensor,
-        seq_lens: list[int] | None = None,
-        tables: list[list[int]] | None = None,
+    def prepare_capture(self, bs: int, slots: torch.Tensor) -> None:
+        self.prepare_replay(bs, slots, [], [])
+
+    def prepare_replay(
+        self, bs: int, slots: torch.Tensor, seq_lens: list[int], page_tables: list[list[int]]
     ) -> None:
-        """Plan the graph wrapper of size bs; rows past the real batch are one-token sequences on page 0."""
+        """Rows past the real batch are one-token sequences on page 0."""
         wrapper = self._graph_wrappers.get(bs)
         if wrapper is None:
             wrapper = self._graph_wrappers[bs] = self._decode_wrapper(bs)
-        lens, tabs = list(seq_lens or []), list(tables or [])
-        pad = bs - len(lens)
-        self._plan_decode(wrapper, lens + [1] * pad, tabs + [[0]] * pad)
+        pad = bs - len(seq_lens)
+        self._plan_decode(wrapper, list(seq_lens) + [1] * pad, list(page_tables) + [[0]] * pad)
         self._active = wrapper
         self._slots = slots
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from skiff.config import DTYPE_NAMES, EngineConfig
+from skiff.config import DTYPE_NAMES, LOAD_FORMATS, EngineConfig
 from skiff.layers.quant import QUANTIZATIONS
 
 
@@ -23,6 +23,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tokenizer", "--tokenizer-path", dest="tokenizer", default=None)
     g.add_argument("--tp", "--tp-size", dest="tp", type=int, default=d.tp, help="tensor-parallel ranks")
     g.add_argument("--dtype", default=d.dtype, choices=DTYPE_NAMES)
+    g.add_argument(
+        "--load-format",
+        default=d.load_format,
+        choices=LOAD_FORMATS,
+        help="dummy: random weights for the model's config.json (benchmarks; no weights files needed)",
+    )
     g.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"])
     g.add_argument(
         "--quantization",
@@ -64,6 +70,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         tokenizer=args.tokenizer,
         served_model_name=getattr(args, "served_model_name", None),
         dtype=args.dtype,
+        load_format=args.load_format,
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
         device=args.device,

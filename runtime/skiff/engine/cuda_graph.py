@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
+    from torch import nn
+
+    from skiff.attention.base import AttentionBackend
     from skiff.engine.forward_batch import ForwardBatch
-    from skiff.engine.model_runner import ModelRunner
 
 log = logging.getLogger(__name__)
 
@@ -30,25 +32,31 @@ def graph_batch_sizes(max_bs: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, runner: ModelRunner, max_bs: int, max_context: int) -> None:
-        self.runner = runner
-        self.backend = runner.backend
+    """Decode graphs of `model` (forward(ids, positions, backend) and compute_logits) over `backend`."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        backend: AttentionBackend,
+        device: torch.device,
+        max_bs: int,
+        max_pages_per_seq: int,
+    ) -> None:
+        self.model = model
+        self.backend = backend
         self.sizes = graph_batch_sizes(max_bs)
         self.max_bs = self.sizes[-1]
-        dev = runner.device
-        self.input_ids = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)
-        self.positions = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)
-        self.slots = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)  # slot 0: the padding page
-        ps = runner.cfg.page_size
-        self.backend.init_graphs(self.max_bs, min(-(-max_context // ps), runner.num_pages))
+        self.input_ids = torch.zeros(self.max_bs, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(self.max_bs, dtype=torch.int64, device=device)
+        self.slots = torch.zeros(self.max_bs, dtype=torch.int64, device=device)  # slot 0: the padding page
+        self.backend.init_graphs(self.max_bs, max_pages_per_seq)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
         self.capture_seconds = 0.0
 
     def _run(self, bs: int) -> torch.Tensor:
-        model = self.runner.model
-        hidden = model(self.input_ids[:bs], self.positions[:bs], self.backend)
-        return model.compute_logits(hidden)
+        hidden = self.model(self.input_ids[:bs], self.positions[:bs], self.backend)
+        return self.model.compute_logits(hidden)
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -58,7 +66,7 @@ class DecodeGraphs:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for bs in reversed(self.sizes):
-                self.backend.prepare_graph(bs, self.slots[:bs])
+                self.backend.prepare_capture(bs, self.slots[:bs])
                 for _ in range(2):
                     self._run(bs)
                 stream.synchronize()
@@ -88,7 +96,7 @@ class DecodeGraphs:
         self.slots[:n].copy_(batch.out_slots, non_blocking=True)
         if bs > n:
             self.slots[n:bs].zero_()
-        self.backend.prepare_graph(bs, self.slots[:bs], batch.seq_lens, batch.page_tables)
+        self.backend.prepare_replay(bs, self.slots[:bs], batch.seq_lens, batch.page_tables)
         self.graphs[bs].replay()
         logits = self.logits[bs]
         if batch.logit_rows.shape[0] == n:  # every decode row samples

@@ -8,14 +8,17 @@ from typing import Any
 
 import torch
 
-from skiff.attention.base import get_backend
+from skiff.attention.registry import get_backend, resolve_backend
 from skiff.config import EngineConfig
 from skiff.distributed.parallel import tp_info
+from skiff.engine.cuda_graph import DecodeGraphs
 from skiff.engine.forward_batch import ForwardBatch
 from skiff.kernels import cpu as cpu_kernels
 from skiff.kvcache.pool import KVPool
-from skiff.layers.quant import check_supported, quantize_linears
+from skiff.layers.linear import quantize_linears
+from skiff.layers.quant import QUANTIZATIONS, check_supported
 from skiff.loader import iter_tensors, load_weights
+from skiff.loader.dummy import init_dummy_weights
 from skiff.models import ModelConfig, build_model
 
 log = logging.getLogger(__name__)
@@ -55,12 +58,15 @@ class ModelRunner:
         cos_sin = model.rotary.cos_sin  # built in fp32: keep that copy, not one rounded through `dtype`
         model.to(dtype)
         model.rotary.cos_sin = cos_sin
-        load_weights(
-            model, ((n, t.to(dtype)) for n, t in iter_tensors(path, raw_cfg)), model_cfg.tie_word_embeddings
-        )
+        if cfg.load_format == "dummy":
+            init_dummy_weights(model, cfg.seed, raw_cfg.get("initializer_range", 0.02))
+        else:
+            tensors = ((n, t.to(dtype)) for n, t in iter_tensors(path, raw_cfg))
+            load_weights(model, tensors, model_cfg.tie_word_embeddings)
         if cfg.quantization is not None:
             check_supported(cfg.quantization, device, dtype)
-            log.info("int8: quantized %d linear layers", quantize_linears(model))
+            count = quantize_linears(model, QUANTIZATIONS[cfg.quantization])
+            log.info("%s: quantized %d linear layers", cfg.quantization, count)
         self.model = model.eval()
         if (
             device.type == "cpu" and dtype == torch.float32
@@ -84,22 +90,22 @@ class ModelRunner:
             device,
             compute_dtype=dtype,
         )
-        backend = cfg.attention_backend
-        if backend == "auto":
-            backend = "flashinfer" if device.type == "cuda" and _has_flashinfer() else "torch"
-        self.backend = get_backend(backend)(self.pool, self.num_heads, self.num_kv_heads, model_cfg.head_dim)
-        self.graphs = None
+        backend = get_backend(resolve_backend(cfg.attention_backend, device))
+        self.backend = backend(self.pool, self.num_heads, self.num_kv_heads, model_cfg.head_dim)
+        self.graphs: DecodeGraphs | None = None
         if (
             device.type == "cuda"
             and cfg.cuda_graph_max_bs > 0
-            and hasattr(self.backend, "prepare_graph")
+            and self.backend.supports_cuda_graphs
             and tp_info().size == 1
         ):
-            from skiff.engine.cuda_graph import DecodeGraphs
-
             max_context = min(cfg.context_length or model_cfg.max_position, model_cfg.max_position)
             self.graphs = DecodeGraphs(
-                self, min(cfg.cuda_graph_max_bs, cfg.max_running_requests), max_context
+                self.model,
+                self.backend,
+                device,
+                min(cfg.cuda_graph_max_bs, cfg.max_running_requests),
+                min(-(-max_context // cfg.page_size), self.num_pages),
             )
             self.graphs.capture()
 
@@ -130,11 +136,3 @@ class ModelRunner:
         self.backend.prepare(batch)
         hidden = self.model(batch.input_ids, batch.positions, self.backend)
         return self.model.compute_logits(hidden.index_select(0, batch.logit_rows))
-
-
-def _has_flashinfer() -> bool:
-    try:
-        import flashinfer  # noqa: F401
-    except ImportError:
-        return False
-    return True

@@ -2,18 +2,30 @@
 
 Each parameter carries a `weight_loader(param, tensor, shard)` that copies this rank's slice of a full
 checkpoint tensor into it, so the loader can stream tensors one by one without ever holding the model twice.
+
+A layer can swap its matmul for a `LinearKernel` built from its loaded weight (`quantize`, e.g. the int8
+kernels of skiff.layers.quant); the forward then calls that kernel instead of F.linear.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from skiff.distributed.parallel import all_gather_last_dim, all_reduce, tp_info
-from skiff.layers.quant import Int8Linear
+
+
+class LinearKernel(Protocol):
+    """y = x W^T (+ b) for the weight (and bias) it was built from."""
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+KernelFactory = Callable[[torch.Tensor, torch.Tensor | None], LinearKernel]
 
 
 def _copy_checked(param: torch.Tensor, value: torch.Tensor, what: str) -> None:
@@ -60,7 +72,7 @@ class ColumnParallelLinear(nn.Module):
         if bias:
             self.bias = nn.Parameter(torch.empty(out), requires_grad=False)
             self.bias.weight_loader = self._load  # type: ignore[attr-defined]
-        self.int8: Int8Linear | None = None  # set by quantize_linears
+        self.kernel: LinearKernel | None = None
 
     def _slice(self, tensor: torch.Tensor, part: int) -> torch.Tensor:
         tp = tp_info()
@@ -87,9 +99,13 @@ class ColumnParallelLinear(nn.Module):
             getattr(param, "skiff_name", "linear"),
         )
 
+    def quantize(self, make: KernelFactory) -> None:
+        self.kernel = make(self.weight, self.bias)
+        self.weight.data = torch.empty(0)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.int8 is not None:
-            return self.int8(x)
+        if self.kernel is not None:
+            return self.kernel(x)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -108,7 +124,11 @@ class RowParallelLinear(nn.Module):
         self.bias = None
         if bias:
             self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False)
-        self.int8: Int8Linear | None = None
+        self.kernel: LinearKernel | None = None
+
+    def quantize(self, make: KernelFactory) -> None:
+        self.kernel = make(self.weight, None)  # the bias is added after the all-reduce
+        self.weight.data = torch.empty(0)
 
     def _load(self, param: nn.Parameter, tensor: torch.Tensor, part: object = None) -> None:
         rank = tp_info().rank
@@ -123,7 +143,7 @@ class RowParallelLinear(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = all_reduce(self.int8(x) if self.int8 is not None else F.linear(x, self.weight), self.tp)
+        y = all_reduce(self.kernel(x) if self.kernel is not None else F.linear(x, self.weight), self.tp)
         return y if self.bias is None else y + self.bias
 
 
@@ -139,7 +159,10 @@ class VocabParallelEmbedding(nn.Module):
         self.start = tp.rank * self.per_rank
         self.weight = nn.Parameter(torch.zeros(self.per_rank, dim), requires_grad=False)
         self.weight.weight_loader = self._load  # type: ignore[attr-defined]
-        self.int8: Int8Linear | None = None  # the LM head's int8 twin (set by quantize_linears)
+        self.head_kernel: LinearKernel | None = None  # for logits only: lookups keep the rows
+
+    def quantize_head(self, make: KernelFactory) -> None:
+        self.head_kernel = make(self.weight, None)
 
     def _load(self, param: nn.Parameter, tensor: torch.Tensor, part: object = None) -> None:
         if tensor.shape != (self.vocab_size, param.shape[1]):
@@ -161,5 +184,22 @@ class VocabParallelEmbedding(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, dim] -> [N, vocab] full logits on every rank."""
-        local = self.int8(hidden) if self.int8 is not None else F.linear(hidden, self.weight)
+        local = self.head_kernel(hidden) if self.head_kernel is not None else F.linear(hidden, self.weight)
         return all_gather_last_dim(local, self.tp)[..., : self.vocab_size]
+
+
+def quantize_linears(model: nn.Module, make: KernelFactory) -> int:
+    """Swap every linear layer's matmul (and the LM head's) for a kernel from `make`; returns the count.
+
+    Linears release their weights; the head keeps its rows, which a tied embedding still looks up.
+    """
+    count = 0
+    for module in model.modules():
+        if isinstance(module, ColumnParallelLinear | RowParallelLinear):
+            module.quantize(make)
+            count += 1
+    head = getattr(model, "lm_head", None)
+    if isinstance(head, VocabParallelEmbedding):
+        head.quantize_head(make)
+        count += 1
+    return count

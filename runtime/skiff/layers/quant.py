@@ -15,11 +15,9 @@ from __future__ import annotations
 import warnings
 
 import torch
-from torch import nn
 
 from skiff.kernels import cpu as cpu_kernels
-
-QUANTIZATIONS = ("int8",)
+from skiff.layers.linear import KernelFactory
 
 
 class Int8Linear:
@@ -57,6 +55,9 @@ class Int8Linear:
         return y if self.bias is None else y + self.bias
 
 
+QUANTIZATIONS: dict[str, KernelFactory] = {"int8": Int8Linear}
+
+
 def check_supported(quantization: str | None, device: torch.device, dtype: torch.dtype) -> None:
     if quantization is None:
         return
@@ -70,24 +71,3 @@ def check_supported(quantization: str | None, device: torch.device, dtype: torch
         )
     if "fbgemm" not in torch.backends.quantized.supported_engines:
         raise ValueError("--quantization int8 needs a torch build with fbgemm (x86)")
-
-
-def quantize_linears(model: nn.Module) -> int:
-    """Give every linear layer (and the LM head) an int8 twin; fp32 weights of linears are released."""
-    from skiff.layers.linear import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
-
-    count = 0
-    for module in model.modules():
-        if isinstance(module, ColumnParallelLinear):
-            module.int8 = Int8Linear(module.weight, module.bias)
-        elif isinstance(module, RowParallelLinear):
-            module.int8 = Int8Linear(module.weight)  # its bias is added after the all-reduce
-        else:
-            continue
-        module.weight.data = torch.empty(0)
-        count += 1
-    head = getattr(model, "lm_head", None)
-    if isinstance(head, VocabParallelEmbedding):  # tied heads keep fp32 rows for the embedding lookup
-        head.int8 = Int8Linear(head.weight)
-        count += 1
-    return count
