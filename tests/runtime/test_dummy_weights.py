@@ -11,22 +11,11 @@ from skiff import SamplingParams
 from skiff.config import EngineConfig
 from skiff.engine.engine import Engine
 
-TINY = dict(
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=512,
-    rms_norm_eps=1e-6,
-    eos_token_id=0,
-)
+TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, eos_token_id=0)
+HEADS = dict(num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
 CONFIGS = {
-    "llama": dict(TINY, architectures=["LlamaForCausalLM"], model_type="llama", tie_word_embeddings=False),
-    "qwen3": dict(
-        TINY, architectures=["Qwen3ForCausalLM"], model_type="qwen3", head_dim=32, tie_word_embeddings=True
-    ),
+    "llama": dict(TINY, **HEADS, architectures=["LlamaForCausalLM"], tie_word_embeddings=False),
+    "qwen3": dict(TINY, **HEADS, architectures=["Qwen3ForCausalLM"], head_dim=32, tie_word_embeddings=True),
 }
 PROMPT = [5, 17, 301, 42, 9, 128, 77]
 NEW_TOKENS = 12
