@@ -75,20 +75,20 @@ class Outbox:
         self.sock.send(encode(msg))
 
 
-def push_socket(ctx: zmq.Context, addr: str, bind: bool = False) -> zmq.Socket:
-    sock = ctx.socket(zmq.PUSH)
+def _socket(ctx: zmq.Context, kind: int, addr: str, bind: bool) -> zmq.Socket:
+    sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.SNDHWM if kind == zmq.PUSH else zmq.RCVHWM, 0)  # never drop a message
     sock.bind(addr) if bind else sock.connect(addr)
     return sock
+
+
+def push_socket(ctx: zmq.Context, addr: str, bind: bool = False) -> zmq.Socket:
+    return _socket(ctx, zmq.PUSH, addr, bind)
 
 
 def pull_socket(ctx: zmq.Context, addr: str, bind: bool = True) -> zmq.Socket:
-    sock = ctx.socket(zmq.PULL)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVHWM, 0)
-    sock.bind(addr) if bind else sock.connect(addr)
-    return sock
+    return _socket(ctx, zmq.PULL, addr, bind)
 
 
 def outbox(ctx: zmq.Context, addr: str, bind: bool = False) -> Outbox:
