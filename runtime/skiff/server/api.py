@@ -16,10 +16,12 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from skiff.params import InvalidRequest, SamplingParams
 from skiff.server.args import ServerArgs
 from skiff.server.engine_client import EngineClient
 from skiff.server.errors import ApiError, error_body, from_validation
-from skiff.server.generation import Job, Prompt
+from skiff.server.generation import Job
+from skiff.server.messages import ChatPrompt, DecodeOptions, TokenIdsPrompt
 from skiff.server.openai_types import ChatCompletionRequest, CompletionRequest
 
 M = TypeVar("M", bound=BaseModel)
@@ -59,6 +61,13 @@ async def parse(request: Request, model: type[M], limit: int) -> M:
         return model.model_validate_json(text)
     except ValidationError as e:
         raise from_validation(e) from e
+
+
+def sampling_params(fields: dict[str, Any]) -> SamplingParams:
+    try:
+        return SamplingParams(**fields)
+    except InvalidRequest as e:
+        raise ApiError(400, str(e)) from e
 
 
 async def _until_disconnect(request: Request) -> None:
@@ -135,20 +144,16 @@ def create_app(args: ServerArgs, client: EngineClient) -> FastAPI:
         req = await parse(request, CompletionRequest, args.max_body_bytes)
         check_model(req.model)
         check_serving()
-        prompts = [Prompt(kind, value) for kind, value in req.prompts()]
+        prompts = req.prompts()
         check_n(req.n, len(prompts))
-        params = req.base_params() | {
-            "max_tokens": req.max_tokens,
-            "seed": req.seed,
-            "logprobs": req.logprobs is not None,
-            "top_logprobs": req.logprobs or 0,
-        }
-        detok = {
-            "stop": req.stop_list(),
-            "skip_special_tokens": req.skip_special_tokens,
-            "logprobs": req.logprobs is not None,
-        }
-        job = Job(client, False, model_name, prompts, params, req.n, detok, request_id(request))
+        sampling = sampling_params(
+            req.base_params()
+            | {"seed": req.seed, "logprobs": req.logprobs is not None, "top_logprobs": req.logprobs or 0}
+        )
+        decode = DecodeOptions(req.stop_list(), req.skip_special_tokens, req.logprobs is not None)
+        job = Job(
+            client, False, model_name, prompts, sampling, req.max_tokens, req.n, decode, request_id(request)
+        )
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return await respond(request, job, req.stream, include_usage)
 
@@ -162,19 +167,14 @@ def create_app(args: ServerArgs, client: EngineClient) -> FastAPI:
         template_kwargs = dict(req.chat_template_kwargs or {})
         if not req.add_generation_prompt:
             template_kwargs["add_generation_prompt"] = False
-        prompt = Prompt("chat", messages, template_kwargs)
-        params = req.base_params() | {
-            "max_tokens": req.completion_budget(),
-            "seed": req.seed,
-            "logprobs": req.logprobs,
-            "top_logprobs": req.top_logprobs or 0,
-        }
-        detok = {
-            "stop": req.stop_list(),
-            "skip_special_tokens": req.skip_special_tokens,
-            "logprobs": req.logprobs,
-        }
-        job = Job(client, True, model_name, [prompt], params, req.n, detok, request_id(request))
+        prompt = ChatPrompt(messages, template_kwargs)
+        sampling = sampling_params(
+            req.base_params()
+            | {"seed": req.seed, "logprobs": req.logprobs, "top_logprobs": req.top_logprobs or 0}
+        )
+        decode = DecodeOptions(req.stop_list(), req.skip_special_tokens, req.logprobs)
+        budget = req.completion_budget()
+        job = Job(client, True, model_name, [prompt], sampling, budget, req.n, decode, request_id(request))
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return await respond(request, job, req.stream, include_usage)
 
@@ -207,15 +207,15 @@ def create_app(args: ServerArgs, client: EngineClient) -> FastAPI:
     @app.get("/health_generate")
     async def health_generate() -> Response:
         check_serving()
-        params = {"max_tokens": 1, "temperature": 0.0, "ignore_eos": True}
         job = Job(
             client,
             False,
             model_name,
-            [Prompt("ids", client.info.probe_ids)],
-            params,
+            [TokenIdsPrompt(client.info.probe_ids)],
+            SamplingParams(temperature=0.0, ignore_eos=True),
             1,
-            {"stop": [], "skip_special_tokens": True, "logprobs": False},
+            1,
+            DecodeOptions(),
             "health-" + str(time.time_ns()),
         )
         try:
@@ -233,14 +233,9 @@ def create_app(args: ServerArgs, client: EngineClient) -> FastAPI:
     async def integrity() -> Response:
         """KV page accounting, checked by the engine itself (free + cached + used == total)."""
         check_serving()
-        reply = await client.control("check_integrity")
-        body = {
-            "ok": reply["ok"],
-            "error": reply.get("error"),
-            "stats": reply.get("stats"),
-            "live": reply.get("live"),
-        }
-        return JSONResponse(body, status_code=200 if reply["ok"] else 500)
+        report = await client.check_integrity()
+        body = {"ok": report.ok, "error": report.error, "stats": report.stats, "live": report.live}
+        return JSONResponse(body, status_code=200 if report.ok else 500)
 
     @app.get("/skiff/processes")
     async def processes() -> dict[str, Any]:

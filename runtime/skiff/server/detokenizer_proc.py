@@ -7,23 +7,36 @@ finish_reason "stop" to the API and sends the scheduler an abort so the request'
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import zmq
 
+from skiff.outputs import StepOutput
 from skiff.server import protocol as P
 from skiff.server.args import ServerArgs
 from skiff.server.child import setup_child
 from skiff.server.incremental import IncrementalDecoder, StopMatcher
+from skiff.server.messages import (
+    AbortRequest,
+    DecodeOptions,
+    DecodeRegistration,
+    DetokenizedChunk,
+    DetokenizedChunks,
+    DetokenizerReady,
+    Shutdown,
+    StepTokens,
+    ToDetokenizer,
+    TokenLogprob,
+)
 from skiff.tokenizer import load_tokenizer
 
 log = logging.getLogger("skiff.detokenizer")
 
 
 class RequestDecodeState:
-    def __init__(self, tok: Any, reg: dict[str, Any], piece: Any) -> None:
-        skip = bool(reg.get("skip_special_tokens", True))
+    def __init__(self, tok: Any, options: DecodeOptions, piece: Callable[[int], str]) -> None:
+        skip = options.skip_special_tokens
         fast = getattr(tok, "_tokenizer", None)  # the Rust tokenizer: no Python-side overhead per call
         if fast is not None:
 
@@ -35,13 +48,14 @@ class RequestDecodeState:
                 return tok.decode(list(ids), skip_special_tokens=skip)
 
         self.decoder = IncrementalDecoder(decode)
-        self.stop = StopMatcher(reg.get("stop") or [])
-        self.want_logprobs = bool(reg.get("logprobs"))
+        self.stop = StopMatcher(options.stop)
+        self.want_logprobs = options.logprobs
         self.piece = piece
         self.n_tokens = 0
 
-    def step(self, row: list[Any]) -> list[Any]:
-        rid, token_ids, logprobs, top, finish, matched, prompt_tokens, cached, completion, error = row
+    def step(self, out: StepOutput) -> DetokenizedChunk:
+        token_ids, finish, matched = out.token_ids, out.finish_reason, out.matched_stop
+        completion = out.completion_tokens
         text_ids = token_ids
         if finish == "stop" and isinstance(matched, int) and token_ids and token_ids[-1] == matched:
             text_ids = token_ids[:-1]  # a stop token is not part of the text (EOS would be skipped anyway)
@@ -53,13 +67,30 @@ class RequestDecodeState:
         text = self.stop.feed(delta, final=final)
         if self.stop.matched is not None:
             finish, matched, completion = "stop", self.stop.matched, self.n_tokens
-        lp = None
-        if self.want_logprobs and logprobs is not None:
-            lp = []
-            for i, (tid, value) in enumerate(zip(token_ids, logprobs, strict=False)):
-                alts = top[i] if top and i < len(top) else {}
-                lp.append([self.piece(tid), value, [[self.piece(a), v] for a, v in alts.items()]])
-        return [rid, text, len(token_ids), lp, finish, matched, prompt_tokens, cached, completion, error]
+        return DetokenizedChunk(
+            out.rid,
+            text,
+            len(token_ids),
+            self.token_logprobs(out),
+            finish,
+            matched,
+            out.prompt_tokens,
+            out.cached_tokens,
+            completion,
+            out.error,
+        )
+
+    def token_logprobs(self, out: StepOutput) -> list[TokenLogprob] | None:
+        if not self.want_logprobs or out.logprobs is None:
+            return None
+        top = out.top_logprobs
+        entries = []
+        for i, (tid, value) in enumerate(zip(out.token_ids, out.logprobs, strict=False)):
+            alts = top[i] if top and i < len(top) else {}
+            entries.append(
+                TokenLogprob(self.piece(tid), value, [(self.piece(a), v) for a, v in alts.items()])
+            )
+        return entries
 
 
 def run_detokenizer(args: ServerArgs, endpoints: P.Endpoints) -> None:
@@ -74,29 +105,31 @@ def run_detokenizer(args: ServerArgs, endpoints: P.Endpoints) -> None:
         return s
 
     ctx = zmq.Context()
-    inbox = P.pull_socket(ctx, endpoints.detokenizer, bind=True)
-    to_api = P.push_socket(ctx, endpoints.api)
-    to_sched = P.push_socket(ctx, endpoints.scheduler)
-    to_api.send(P.pack({"t": P.READY, "who": "detokenizer"}))
+    inbox = P.Inbox(
+        P.pull_socket(ctx, endpoints.detokenizer, bind=True), P.Decoder("detokenizer", ToDetokenizer)
+    )
+    to_api = P.outbox(ctx, endpoints.api)
+    to_sched = P.outbox(ctx, endpoints.scheduler)
+    to_api.send(DetokenizerReady())
     states: dict[str, RequestDecodeState] = {}
     while True:
-        batch: list[list[Any]] = []
-        for msg in P.drain(inbox, 100):
-            kind = msg["t"]
-            if kind == P.REG:
-                states[msg["rid"]] = RequestDecodeState(tok, msg, piece)
-            elif kind == P.OUT:
-                for row in msg["outs"]:
-                    st = states.get(row[0])
-                    if st is None:  # already finished here (stop string): the engine's abort echo
-                        continue
-                    out = st.step(row)
-                    if out[4] is not None:
-                        del states[row[0]]
-                        if st.stop.matched is not None and row[4] is None:
-                            to_sched.send(P.pack({"t": P.ABORT, "rid": row[0]}))
-                    batch.append(out)
-            elif kind == P.SHUTDOWN:
-                return
+        batch: list[DetokenizedChunk] = []
+        for msg in inbox.drain(100):
+            match msg:
+                case DecodeRegistration(rid=rid, options=options):
+                    states[rid] = RequestDecodeState(tok, options, piece)
+                case StepTokens(outputs=outputs):
+                    for out in outputs:
+                        st = states.get(out.rid)
+                        if st is None:  # already finished here (stop string): the engine's abort echo
+                            continue
+                        chunk = st.step(out)
+                        if chunk.finish_reason is not None:
+                            del states[out.rid]
+                            if st.stop.matched is not None and out.finish_reason is None:
+                                to_sched.send(AbortRequest(out.rid))
+                        batch.append(chunk)
+                case Shutdown():
+                    return
         if batch:
-            to_api.send(P.pack({"t": P.OUT, "outs": batch}))
+            to_api.send(DetokenizedChunks(batch))

@@ -12,7 +12,26 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from skiff.params import SamplingParams
 from skiff.server import protocol as P
+from skiff.server.messages import (
+    AbortRequest,
+    ChildFailed,
+    DecodeOptions,
+    DetokenizedChunk,
+    DetokenizedChunks,
+    DetokenizerReady,
+    EngineReady,
+    IntegrityCheck,
+    IntegrityReport,
+    Message,
+    Prompt,
+    RequestFailed,
+    SchedulerStats,
+    ToApi,
+    TokenizeRequest,
+    TokenizerReady,
+)
 from skiff.server.metrics import ServerMetrics
 
 log = logging.getLogger("skiff.api")
@@ -21,29 +40,8 @@ HEARTBEAT_TIMEOUT = 30.0  # seconds without a stats message before the scheduler
 
 
 @dataclass
-class Delta:
-    """One detokenized update of one engine request."""
-
-    text: str
-    n_tokens: int
-    logprobs: list[list[Any]] | None  # [token, logprob, [[alt, logprob], ...]] per token
-    finish_reason: str | None
-    matched_stop: int | str | None
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    error: str | None = None
-
-
-@dataclass
-class Failure:
-    status: int
-    message: str
-
-
-@dataclass
 class _Tracked:
-    sink: asyncio.Queue[tuple[int, Delta | Failure]]
+    sink: asyncio.Queue[tuple[int, DetokenizedChunk | RequestFailed]]
     index: int
     arrival: float
     last: float | None = None
@@ -68,21 +66,22 @@ class EngineClient:
         self.metrics = metrics
         self.ctx = zmq.asyncio.Context()
         self.inbox = P.pull_socket(self.ctx, endpoints.api, bind=True)
-        self.to_tokenizer = P.push_socket(self.ctx, endpoints.tokenizer, bind=True)
-        self.to_scheduler: zmq.asyncio.Socket | None = None
+        self.decode = P.Decoder("api", ToApi)
+        self.to_tokenizer = P.outbox(self.ctx, endpoints.tokenizer, bind=True)
+        self.to_scheduler: P.Outbox | None = None
         self.info = PodInfo()
         self.requests: dict[str, _Tracked] = {}
-        self.stats: dict[str, Any] = {}
+        self.stats = SchedulerStats({}, 0.0)
         self.last_heartbeat = 0.0
         self.dead: str | None = None  # why the pod can no longer serve
         self.draining = False
-        self._replies: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._replies: dict[int, asyncio.Future[IntegrityReport]] = {}
         self._ids = itertools.count()
         self._reader: asyncio.Task[None] | None = None
 
     # --- startup -------------------------------------------------------------------------------
     async def wait_ready(self, expected: set[str], alive: Any, timeout: float) -> None:
-        """Collect every child's `ready`; raise if one reports a fatal error, dies, or time runs out."""
+        """Collect every child's `*Ready`; raise if one reports a fatal error, dies, or time runs out."""
         deadline = time.monotonic() + timeout
         pending = set(expected)
         while pending:
@@ -93,35 +92,42 @@ class EngineClient:
                 raise RuntimeError(problem)
             if not await self.inbox.poll(200):
                 continue
-            msg = P.unpack(await self.inbox.recv())
-            if msg["t"] == "fatal":
-                raise RuntimeError(f"{msg['who']} failed to start: {msg['message']}")
-            if msg["t"] == P.READY:
-                pending.discard(msg["who"])
-                self._absorb_ready(msg)
-                elapsed = timeout - (deadline - time.monotonic())
-                detail = ""
-                if msg["who"] == "scheduler":
-                    detail = (
-                        f": {msg.get('total_pages', 0)} KV pages of {msg.get('page_size', '?')} tokens, "
-                        f"context {msg['max_context_len']}"
-                    )
-                print(f"  {msg['who']} ready after {elapsed:.1f} s{detail}", flush=True)
-            elif msg["t"] == P.STATS:
-                self._on_stats(msg["stats"])
-        self.to_scheduler = P.push_socket(self.ctx, self.endpoints.scheduler)
+            try:
+                msg = self.decode(await self.inbox.recv())
+            except P.ProtocolError:
+                log.exception("dropped a message")
+                continue
+            match msg:
+                case ChildFailed(who=who, message=message):
+                    raise RuntimeError(f"{who} failed to start: {message}")
+                case TokenizerReady() | DetokenizerReady() | EngineReady():
+                    pending.discard(msg.who)
+                    self._absorb_ready(msg)
+                    elapsed = timeout - (deadline - time.monotonic())
+                    detail = ""
+                    if isinstance(msg, EngineReady):
+                        detail = (
+                            f": {self.info.total_pages} KV pages of {msg.stats.get('page_size', '?')} tokens, "
+                            f"context {msg.max_context_len}"
+                        )
+                    print(f"  {msg.who} ready after {elapsed:.1f} s{detail}", flush=True)
+                case SchedulerStats():
+                    self._on_stats(msg)
+        self.to_scheduler = P.outbox(self.ctx, self.endpoints.scheduler)
         self.last_heartbeat = time.monotonic()
 
-    def _absorb_ready(self, msg: dict[str, Any]) -> None:
-        if msg["who"] == "scheduler":
-            self.info.max_context_len = msg["max_context_len"]
-            self.info.eos_token_ids = msg["eos_token_ids"]
-            self.info.total_pages = msg.get("total_pages", 0)
-            self.info.rank_pids = list(msg.get("rank_pids", []))
-            self._on_stats(msg)
-        elif msg["who"].startswith("tokenizer"):
-            self.info.probe_ids = msg["probe_ids"]
-            self.info.vocab_size = msg["vocab_size"]
+    def _absorb_ready(self, msg: TokenizerReady | DetokenizerReady | EngineReady) -> None:
+        match msg:
+            case EngineReady():
+                self.info.max_context_len = msg.max_context_len
+                self.info.eos_token_ids = msg.eos_token_ids
+                self.info.page_size = int(msg.stats.get("page_size", 0))
+                self.info.total_pages = int(msg.stats.get("total_pages", 0))
+                self.info.rank_pids = list(msg.rank_pids)
+                self._on_stats(SchedulerStats(msg.stats, 0.0))
+            case TokenizerReady():
+                self.info.probe_ids = msg.probe_ids
+                self.info.vocab_size = msg.vocab_size
 
     def start(self) -> None:
         self._reader = asyncio.get_running_loop().create_task(self._read_loop())
@@ -129,49 +135,42 @@ class EngineClient:
     # --- requests ------------------------------------------------------------------------------
     def submit(
         self,
-        kind: str,
-        prompt: Any,
-        params: list[dict[str, Any]],
-        detok: dict[str, Any],
-        sink: asyncio.Queue[tuple[int, Delta | Failure]],
+        prompt: Prompt,
+        sampling: list[SamplingParams],
+        max_tokens: int | None,
+        decode: DecodeOptions,
+        sink: asyncio.Queue[tuple[int, DetokenizedChunk | RequestFailed]],
         first_index: int,
         rid_base: str,
-        template_kwargs: dict[str, Any] | None = None,
     ) -> list[str]:
-        """Send one prompt, fanned out to len(params) engine requests; their outputs land in `sink`."""
+        """Send one prompt, fanned out to len(sampling) engine requests; their outputs land in `sink`."""
         now = time.monotonic()
-        rids = [f"{rid_base}-{first_index + i}" for i in range(len(params))]
+        rids = [f"{rid_base}-{first_index + i}" for i in range(len(sampling))]
         for i, rid in enumerate(rids):
             self.requests[rid] = _Tracked(sink, first_index + i, now)
-        msg: dict[str, Any] = {"t": P.GEN, "rids": rids, "kind": kind, "params": params, "detok": detok}
-        if kind == "chat":
-            msg["messages"] = prompt
-            msg["template_kwargs"] = template_kwargs or {}
-        else:
-            msg["prompt"] = prompt
-        self.to_tokenizer.send(P.pack(msg))
+        self.to_tokenizer.send(TokenizeRequest(rids, prompt, sampling, max_tokens, decode))
         self.metrics.inflight.set(len(self.requests))
         return rids
 
     def abort(self, rid: str) -> None:
         if self.requests.pop(rid, None) is not None and self.to_scheduler is not None and not self.dead:
-            self.to_scheduler.send(P.pack({"t": P.ABORT, "rid": rid}))
+            self.to_scheduler.send(AbortRequest(rid))
         self.metrics.inflight.set(len(self.requests))
 
-    async def control(self, cmd: str, timeout: float = 10.0) -> dict[str, Any]:
+    async def check_integrity(self, timeout: float = 10.0) -> IntegrityReport:
         assert self.to_scheduler is not None
         cid = next(self._ids)
-        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[IntegrityReport] = asyncio.get_running_loop().create_future()
         self._replies[cid] = fut
-        self.to_scheduler.send(P.pack({"t": P.CTL, "id": cid, "cmd": cmd}))
+        self.to_scheduler.send(IntegrityCheck(cid))
         try:
             return await asyncio.wait_for(fut, timeout)
         finally:
             self._replies.pop(cid, None)
 
     def fail_all(self, message: str, status: int = 503) -> None:
-        for tracked in self.requests.values():
-            tracked.sink.put_nowait((tracked.index, Failure(status, message)))
+        for rid, tracked in self.requests.items():
+            tracked.sink.put_nowait((tracked.index, RequestFailed(rid, status, message)))
         self.requests.clear()
         self.metrics.inflight.set(0)
 
@@ -198,61 +197,61 @@ class EngineClient:
     # --- the reader ----------------------------------------------------------------------------
     async def _read_loop(self) -> None:
         while True:
-            msg = P.unpack(await self.inbox.recv())
+            frame = await self.inbox.recv()
             try:
-                self._dispatch(msg)
+                self._dispatch(self.decode(frame))
             except Exception:  # one malformed message must not stop every request
-                log.exception("bad message %r", msg.get("t"))
+                log.exception("bad message")
 
-    def _dispatch(self, msg: dict[str, Any]) -> None:
-        kind = msg["t"]
-        if kind == P.OUT:
-            now = time.monotonic()
-            for row in msg["outs"]:
-                self._on_output(row, now)
-        elif kind == P.STATS:
-            self._on_stats(msg["stats"])
-        elif kind == P.ERR:
-            tracked = self.requests.pop(msg["rid"], None)
-            if tracked is not None:
-                tracked.sink.put_nowait((tracked.index, Failure(msg["status"], msg["message"])))
-        elif kind == P.CTL_REPLY:
-            if msg.get("stats"):  # fresher than the last heartbeat: keep /metrics consistent with the reply
-                self.metrics.update_stats({**self.stats, **msg["stats"]})
-            fut = self._replies.get(msg["id"])
-            if fut is not None and not fut.done():
-                fut.set_result(msg)
-        elif kind == "fatal":
-            self.mark_dead(f"{msg['who']} crashed: {msg['message']}")
+    def _dispatch(self, msg: Message) -> None:
+        match msg:
+            case DetokenizedChunks(chunks=chunks):
+                now = time.monotonic()
+                for chunk in chunks:
+                    self._on_output(chunk, now)
+            case SchedulerStats():
+                self._on_stats(msg)
+            case RequestFailed(rid=rid):
+                tracked = self.requests.pop(rid, None)
+                if tracked is not None:
+                    tracked.sink.put_nowait((tracked.index, msg))
+            case IntegrityReport(id=cid, stats=stats):
+                # fresher than the last heartbeat: keep /metrics consistent with the reply
+                self.metrics.update_stats(
+                    SchedulerStats({**self.stats.engine, **stats}, self.stats.gen_throughput)
+                )
+                fut = self._replies.get(cid)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+            case ChildFailed(who=who, message=message):
+                self.mark_dead(f"{who} crashed: {message}")
 
-    def _on_stats(self, stats: dict[str, Any]) -> None:
+    def _on_stats(self, stats: SchedulerStats) -> None:
         self.stats = stats
         self.last_heartbeat = time.monotonic()
         self.metrics.update_stats(stats)
 
-    def _on_output(self, row: list[Any], now: float) -> None:
-        rid = row[0]
-        tracked = self.requests.get(rid)
+    def _on_output(self, chunk: DetokenizedChunk, now: float) -> None:
+        tracked = self.requests.get(chunk.rid)
         if tracked is None:
             return
-        delta = Delta(*row[1:])
         m = self.metrics
-        if delta.n_tokens:
-            m.generation_tokens.inc(delta.n_tokens)
+        if chunk.n_tokens:
+            m.generation_tokens.inc(chunk.n_tokens)
             if tracked.last is None:
                 m.ttft.observe(now - tracked.arrival)
             else:
-                gap = (now - tracked.last) / delta.n_tokens
-                for _ in range(delta.n_tokens):
+                gap = (now - tracked.last) / chunk.n_tokens
+                for _ in range(chunk.n_tokens):
                     m.itl.observe(gap)
             tracked.last = now
-            tracked.tokens += delta.n_tokens
-        if delta.finish_reason is not None:
-            del self.requests[rid]
+            tracked.tokens += chunk.n_tokens
+        if chunk.finish_reason is not None:
+            del self.requests[chunk.rid]
             m.inflight.set(len(self.requests))
             m.e2e.observe(now - tracked.arrival)
-            m.prompt_tokens.inc(delta.prompt_tokens)
-            m.cached_tokens.inc(delta.cached_tokens)
+            m.prompt_tokens.inc(chunk.prompt_tokens)
+            m.cached_tokens.inc(chunk.cached_tokens)
             m.num_requests.inc()
-            m.finished.labels(model_name=m._labels["model_name"], finish_reason=delta.finish_reason).inc()
-        tracked.sink.put_nowait((tracked.index, delta))
+            m.finished.labels(model_name=m._labels["model_name"], finish_reason=chunk.finish_reason).inc()
+        tracked.sink.put_nowait((tracked.index, chunk))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 import uuid
@@ -10,21 +11,16 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from skiff.server.engine_client import Delta, EngineClient, Failure
+from skiff.params import SamplingParams
+from skiff.server.engine_client import EngineClient
 from skiff.server.errors import ApiError, error_body
-
-
-@dataclass
-class Prompt:
-    kind: str  # "text", "ids" or "chat"
-    value: Any
-    template_kwargs: dict[str, Any] | None = None
+from skiff.server.messages import DecodeOptions, DetokenizedChunk, Prompt, RequestFailed, TokenLogprob
 
 
 @dataclass
 class ChoiceState:
     text: list[str] = field(default_factory=list)
-    logprobs: list[list[Any]] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
     matched_stop: int | str | None = None
     prompt_tokens: int = 0
@@ -39,48 +35,40 @@ class Job:
         chat: bool,
         model: str,
         prompts: list[Prompt],
-        params: dict[str, Any],
+        sampling: SamplingParams,
+        max_tokens: int | None,
         n: int,
-        detok: dict[str, Any],
+        decode: DecodeOptions,
         request_id: str | None = None,
     ) -> None:
         self.client, self.chat, self.model, self.n = client, chat, model, n
         prefix = "chatcmpl-" if chat else "cmpl-"
         self.id = request_id or prefix + uuid.uuid4().hex
         self.created = int(time.time())
-        self.sink: asyncio.Queue[tuple[int, Delta | Failure]] = asyncio.Queue()
+        self.sink: asyncio.Queue[tuple[int, DetokenizedChunk | RequestFailed]] = asyncio.Queue()
         self.choices = [ChoiceState() for _ in range(len(prompts) * n)]
         self.rids: list[str] = []
         self._open = len(self.choices)
         rid_base = uuid.uuid4().hex
+        seed = sampling.seed
+        per_choice = [
+            sampling if seed is None else dataclasses.replace(sampling, seed=seed + i) for i in range(n)
+        ]
         for p_index, prompt in enumerate(prompts):
-            per_choice = []
-            for i in range(n):
-                p = dict(params)
-                if p.get("seed") is not None:
-                    p["seed"] = p["seed"] + i
-                per_choice.append(p)
             self.rids += client.submit(
-                prompt.kind,
-                prompt.value,
-                per_choice,
-                detok,
-                self.sink,
-                p_index * n,
-                rid_base,
-                prompt.template_kwargs,
+                prompt, per_choice, max_tokens, decode, self.sink, p_index * n, rid_base
             )
 
     def abort(self) -> None:
         for rid in self.rids:
             self.client.abort(rid)
 
-    async def events(self) -> AsyncIterator[tuple[int, Delta]]:
-        """(choice index, delta) until every choice has finished; a Failure raises ApiError."""
+    async def events(self) -> AsyncIterator[tuple[int, DetokenizedChunk]]:
+        """(choice index, chunk) until every choice has finished; a RequestFailed raises ApiError."""
         try:
             while self._open:
                 index, item = await self.sink.get()
-                if isinstance(item, Failure):
+                if isinstance(item, RequestFailed):
                     raise ApiError(
                         item.status, item.message, code="engine_error" if item.status >= 500 else None
                     )
@@ -113,31 +101,31 @@ class Job:
         }
 
     # --- response bodies -----------------------------------------------------------------------
-    def _logprobs(self, entries: list[list[Any]], offset: int) -> dict[str, Any] | None:
+    def _logprobs(self, entries: list[TokenLogprob], offset: int) -> dict[str, Any] | None:
         if not entries:
             return None
         if self.chat:
             return {
                 "content": [
                     {
-                        "token": tok,
-                        "logprob": lp,
-                        "bytes": list(tok.encode()),
+                        "token": e.token,
+                        "logprob": e.logprob,
+                        "bytes": list(e.token.encode()),
                         "top_logprobs": [
-                            {"token": a, "logprob": v, "bytes": list(a.encode())} for a, v in alts
+                            {"token": a, "logprob": v, "bytes": list(a.encode())} for a, v in e.top
                         ],
                     }
-                    for tok, lp, alts in entries
+                    for e in entries
                 ]
             }
         offsets, pos = [], offset
-        for tok, _, _ in entries:
+        for e in entries:
             offsets.append(pos)
-            pos += len(tok)
+            pos += len(e.token)
         return {
-            "tokens": [e[0] for e in entries],
-            "token_logprobs": [e[1] for e in entries],
-            "top_logprobs": [dict(e[2]) for e in entries],
+            "tokens": [e.token for e in entries],
+            "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [dict(e.top) for e in entries],
             "text_offset": offsets,
         }
 

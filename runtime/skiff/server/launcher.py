@@ -26,6 +26,7 @@ from skiff.server.api import create_app
 from skiff.server.args import ServerArgs
 from skiff.server.detokenizer_proc import run_detokenizer
 from skiff.server.engine_client import EngineClient
+from skiff.server.messages import Shutdown
 from skiff.server.metrics import ServerMetrics
 from skiff.server.scheduler_proc import run_scheduler
 from skiff.server.tokenizer_proc import run_tokenizer
@@ -59,7 +60,7 @@ class Pod:
     def __init__(self, args: ServerArgs) -> None:
         self.args = args
         self.ipc_dir = args.ipc_dir or tempfile.mkdtemp(prefix="skiff-")
-        self.endpoints = P.Endpoints(self.ipc_dir)
+        self.endpoints = P.Endpoints.under(self.ipc_dir)
         self.procs: dict[str, mp.process.BaseProcess] = {}
         self.exit_code = 0
         self.client: EngineClient | None = None
@@ -133,10 +134,7 @@ class Pod:
             print(f"skiff serve: startup failed: {e}", file=sys.stderr, flush=True)
             client.close()
             return 1
-        metrics.set_cache_config(
-            int(client.stats.get("page_size", self.args.engine.page_size)),
-            int(client.stats.get("total_pages", 0)),
-        )
+        metrics.set_cache_config(client.info.page_size or self.args.engine.page_size, client.info.total_pages)
         client.info.pids = {name: int(proc.pid or 0) for name, proc in self.procs.items()}
         client.start()
         app = create_app(self.args, client)
@@ -164,7 +162,7 @@ class Pod:
                 self.exit_code = 1  # could not bind the port
             client.fail_all("the server is shutting down")
             if client.to_scheduler is not None and not client.dead:
-                client.to_scheduler.send(P.pack({"t": P.SHUTDOWN}))
+                client.to_scheduler.send(Shutdown())
                 await asyncio.sleep(0.05)
             client.close()
         return self.exit_code

@@ -7,6 +7,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from skiff.server.messages import SchedulerStats
+
 _LATENCY_BUCKETS = (
     0.005,
     0.01,
@@ -66,6 +68,9 @@ class ServerMetrics:
         def counter(name: str, doc: str) -> Any:
             return Counter(name, doc, labels, registry=r).labels(**self._labels)
 
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Any:
+            return Histogram(name, doc, labels, buckets=buckets, registry=r).labels(**self._labels)
+
         self.num_queue_reqs = gauge("sglang:num_queue_reqs", "Requests waiting in the scheduler's queue")
         self.num_running_reqs = gauge("sglang:num_running_reqs", "Requests in the running batch")
         self.token_usage = gauge("sglang:token_usage", "Fraction of the KV pool in use (0..1)")
@@ -73,27 +78,11 @@ class ServerMetrics:
             "sglang:cache_hit_rate", "Prompt tokens served from the prefix cache / prompt tokens"
         )
         self.gen_throughput = gauge("sglang:gen_throughput", "Generated tokens per second (recent)")
-        self.ttft = Histogram(
-            "sglang:time_to_first_token_seconds",
-            "Time to first token",
-            labels,
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        ).labels(**self._labels)
-        self.itl = Histogram(
-            "sglang:inter_token_latency_seconds",
-            "Time between output tokens",
-            labels,
-            buckets=_ITL_BUCKETS,
-            registry=r,
-        ).labels(**self._labels)
-        self.e2e = Histogram(
-            "sglang:e2e_request_latency_seconds",
-            "Request latency, arrival to last token",
-            labels,
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        ).labels(**self._labels)
+        self.ttft = histogram("sglang:time_to_first_token_seconds", "Time to first token", _LATENCY_BUCKETS)
+        self.itl = histogram("sglang:inter_token_latency_seconds", "Time between output tokens", _ITL_BUCKETS)
+        self.e2e = histogram(
+            "sglang:e2e_request_latency_seconds", "Request latency, arrival to last token", _LATENCY_BUCKETS
+        )
         self.prompt_tokens = counter("sglang:prompt_tokens", "Prompt tokens of finished requests")
         self.generation_tokens = counter("sglang:generation_tokens", "Generated tokens")
         self.cached_tokens = counter("sglang:cached_tokens", "Prompt tokens served from the prefix cache")
@@ -122,13 +111,14 @@ class ServerMetrics:
     def set_cache_config(self, page_size: int, num_pages: int) -> None:
         self.cache_config.labels(page_size=str(page_size), num_pages=str(num_pages)).set(1)
 
-    def update_stats(self, s: dict[str, Any]) -> None:
+    def update_stats(self, stats: SchedulerStats) -> None:
+        s = stats.engine
         self.num_queue_reqs.set(s.get("num_queued", 0))
         self.num_running_reqs.set(s.get("num_running", 0))
         self.token_usage.set(s.get("token_usage", 0.0))
         prompt = s.get("prompt_tokens", 0)
         self.cache_hit_rate.set(s.get("cache_hit_tokens", 0) / prompt if prompt else 0.0)
-        self.gen_throughput.set(s.get("gen_throughput", 0.0))
+        self.gen_throughput.set(stats.gen_throughput)
         self.pages_total.set(s.get("total_pages", 0))
         self.pages_free.set(s.get("free_pages", 0))
         self.pages_cached.set(s.get("cached_pages", 0))

@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from skiff.server.messages import Prompt, TextPrompt, TokenIdsPrompt
+
 MAX_STOP = 16
 
 
@@ -125,16 +127,15 @@ class CompletionRequest(_Sampling):
             raise ValueError("best_of other than n is not supported")
         return self
 
-    def prompts(self) -> list[tuple[str, str | list[int]]]:
-        """(kind, prompt) pairs: kind is "text" or "ids"."""
+    def prompts(self) -> list[Prompt]:
         p = self.prompt
         if isinstance(p, str):
-            return [("text", p)]
+            return [TextPrompt(p)]
         if isinstance(p[0], str):
-            return [("text", s) for s in p]  # type: ignore[misc]
+            return [TextPrompt(s) for s in p]  # type: ignore[misc]
         if isinstance(p[0], int):
-            return [("ids", list(p))]  # type: ignore[arg-type]
-        return [("ids", list(x)) for x in p]  # type: ignore[union-attr]
+            return [TokenIdsPrompt(list(p))]  # type: ignore[arg-type]
+        return [TokenIdsPrompt(list(x)) for x in p]  # type: ignore[union-attr]
 
 
 class TextPart(_Strict):

@@ -1,96 +1,130 @@
-"""Messages between the pod's processes: msgpack-encoded dicts over ZeroMQ PUSH/PULL sockets.
+"""The transport between the pod's processes: ZeroMQ PUSH/PULL pipes of typed messages (`messages.py`).
 
 Topology (every arrow is one PUSH -> PULL pipe; the PULL side binds):
 
-    API --gen--> tokenizer(s) --add--> scheduler --reg/out--> detokenizer --out--> API
-    API --abort/ctl--> scheduler        detokenizer --abort (stop string)--> scheduler
-    scheduler/tokenizer/detokenizer --ready/stats/err/ctl_reply--> API
+    API --TokenizeRequest--> tokenizer(s) --TokenizedRequest--> scheduler --StepTokens--> detokenizer
+    detokenizer --DetokenizedChunks--> API
+    API --AbortRequest, IntegrityCheck, Shutdown--> scheduler    detokenizer --AbortRequest--> scheduler
+    scheduler/tokenizer/detokenizer --*Ready, SchedulerStats, RequestFailed, IntegrityReport--> API
 
-The scheduler sends a request's `reg` (its stop strings and decode options) to the detokenizer on the
-same pipe as its outputs, so the detokenizer always knows a request before its first tokens arrive.
+The scheduler sends a request's `DecodeRegistration` (its stop strings and decode options) to the
+detokenizer on the same pipe as its outputs, so the detokenizer always knows a request before its first
+tokens arrive.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any
 
-import msgpack
+import msgspec
 import zmq
 
-# message types ("t" field)
-GEN = "gen"  # API -> tokenizer: a prompt to tokenize and submit
-ADD = "add"  # tokenizer -> scheduler: token ids + sampling params
-ABORT = "abort"  # API / detokenizer -> scheduler
-REG = "reg"  # scheduler -> detokenizer: per-request decode options
-OUT = "out"  # scheduler -> detokenizer (token ids), detokenizer -> API (text)
-ERR = "err"  # tokenizer / scheduler -> API: a request rejected before it ran
-READY = "ready"  # every child -> API, once, after it has loaded
-STATS = "stats"  # scheduler -> API, periodically (the heartbeat)
-CTL = "ctl"  # API -> scheduler: control command (integrity check, ...)
-CTL_REPLY = "ctl_reply"  # scheduler -> API
-SHUTDOWN = "shutdown"  # API -> children
+from skiff.server.messages import Message
+
+log = logging.getLogger("skiff.protocol")
+_encoder = msgspec.msgpack.Encoder()
 
 
-def pack(msg: dict[str, Any]) -> bytes:
-    return msgpack.packb(msg, use_bin_type=True)
+class ProtocolError(ValueError):
+    """A frame that is not one of the messages its pipe accepts."""
 
 
-def unpack(data: bytes) -> dict[str, Any]:
-    # strict_map_key=False: top_logprobs maps token ids (ints) to logprobs
-    return msgpack.unpackb(data, raw=False, strict_map_key=False)
+def encode(msg: Message) -> bytes:
+    return _encoder.encode(msg)
+
+
+class Decoder:
+    """Frames -> messages for one pipe, which accepts the types of one union (e.g. `ToScheduler`)."""
+
+    def __init__(self, pipe: str, accepts: Any) -> None:
+        self.pipe = pipe
+        self._decoder = msgspec.msgpack.Decoder(accepts)
+
+    def __call__(self, frame: bytes) -> Message:
+        try:
+            return self._decoder.decode(frame)
+        except msgspec.DecodeError as e:  # ValidationError (a wrong or unknown type) is a DecodeError
+            raise ProtocolError(f"bad message on the {self.pipe} pipe ({len(frame)} bytes): {e}") from e
 
 
 @dataclass(frozen=True)
 class Endpoints:
     """The ipc:// addresses of the pod's PULL sockets, all inside one private directory."""
 
-    root: str
+    api: str
+    tokenizer: str
+    scheduler: str
+    detokenizer: str
 
-    def _addr(self, name: str) -> str:
-        return "ipc://" + os.path.join(self.root, name)
+    @classmethod
+    def under(cls, root: str) -> Endpoints:
+        return cls(**{f.name: "ipc://" + os.path.join(root, f.name) for f in dataclasses.fields(cls)})
 
-    @property
-    def api(self) -> str:
-        return self._addr("api")
 
-    @property
-    def tokenizer(self) -> str:
-        return self._addr("tokenizer")
+class Outbox:
+    """The sending end of a pipe."""
 
-    @property
-    def scheduler(self) -> str:
-        return self._addr("scheduler")
+    def __init__(self, sock: zmq.Socket) -> None:
+        self.sock = sock
 
-    @property
-    def detokenizer(self) -> str:
-        return self._addr("detokenizer")
+    def send(self, msg: Message) -> None:
+        self.sock.send(encode(msg))
+
+
+def _socket(ctx: zmq.Context, kind: int, addr: str, bind: bool) -> zmq.Socket:
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM if kind == zmq.PUSH else zmq.RCVHWM, 0)  # never drop a message
+    sock.bind(addr) if bind else sock.connect(addr)
+    return sock
 
 
 def push_socket(ctx: zmq.Context, addr: str, bind: bool = False) -> zmq.Socket:
-    sock = ctx.socket(zmq.PUSH)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.SNDHWM, 0)
-    sock.bind(addr) if bind else sock.connect(addr)
-    return sock
+    return _socket(ctx, zmq.PUSH, addr, bind)
 
 
 def pull_socket(ctx: zmq.Context, addr: str, bind: bool = True) -> zmq.Socket:
-    sock = ctx.socket(zmq.PULL)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVHWM, 0)
-    sock.bind(addr) if bind else sock.connect(addr)
-    return sock
+    return _socket(ctx, zmq.PULL, addr, bind)
 
 
-def drain(sock: zmq.Socket, timeout_ms: int) -> list[dict[str, Any]]:
-    """Every message waiting on `sock`, waiting up to `timeout_ms` for the first one."""
-    msgs: list[dict[str, Any]] = []
-    if timeout_ms and not sock.poll(timeout_ms):
-        return msgs
-    while True:
-        try:
-            msgs.append(unpack(sock.recv(zmq.NOBLOCK)))
-        except zmq.Again:
+def outbox(ctx: zmq.Context, addr: str, bind: bool = False) -> Outbox:
+    return Outbox(push_socket(ctx, addr, bind))
+
+
+class Inbox:
+    """The receiving end of a pipe (a blocking socket). A bad frame is logged and dropped."""
+
+    def __init__(self, sock: zmq.Socket, decode: Decoder) -> None:
+        self.sock = sock
+        self.decode = decode
+
+    def recv(self) -> Message:
+        while True:
+            msg = self._decoded(self.sock.recv())
+            if msg is not None:
+                return msg
+
+    def drain(self, timeout_ms: int) -> list[Message]:
+        """Every message waiting, waiting up to `timeout_ms` for the first one."""
+        msgs: list[Message] = []
+        if timeout_ms and not self.sock.poll(timeout_ms):
             return msgs
+        while True:
+            try:
+                frame = self.sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return msgs
+            msg = self._decoded(frame)
+            if msg is not None:
+                msgs.append(msg)
+
+    def _decoded(self, frame: bytes) -> Message | None:
+        try:
+            return self.decode(frame)
+        except ProtocolError:
+            log.exception("dropped a message")
+            return None

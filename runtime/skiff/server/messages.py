@@ -1,0 +1,193 @@
+"""Every message between the pod's processes, one frozen msgspec Struct each, tagged by its class name.
+
+A request's path, by type:
+
+    API          --TokenizeRequest-->     tokenizer
+    tokenizer    --TokenizedRequest-->    scheduler (the engine)
+    scheduler    --DecodeRegistration, StepTokens-->  detokenizer
+    detokenizer  --DetokenizedChunks-->   API
+    API, detokenizer (stop string)  --AbortRequest-->  scheduler
+
+and the pod's own traffic: every child's `*Ready` (or `ChildFailed`) once, the scheduler's `SchedulerStats`
+heartbeat, `RequestFailed` for a request rejected before it ran, `IntegrityCheck` -> `IntegrityReport`, and
+`Shutdown`. The unions at the end say which types each process's inbox accepts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from skiff.outputs import FinishReason, StepOutput
+from skiff.params import SamplingParams
+
+
+class Message(msgspec.Struct, frozen=True, tag=True, array_like=True):
+    """Base of every inter-process message: encoded as [class name, field, ...]."""
+
+
+# --- prompts and per-request options (parts of messages) -------------------------------------------
+class TextPrompt(msgspec.Struct, frozen=True, tag="text"):
+    text: str
+
+
+class TokenIdsPrompt(msgspec.Struct, frozen=True, tag="ids"):
+    ids: list[int]
+
+
+class ChatPrompt(msgspec.Struct, frozen=True, tag="chat"):
+    messages: list[dict[str, Any]]
+    template_kwargs: dict[str, Any] = {}
+
+
+Prompt = TextPrompt | TokenIdsPrompt | ChatPrompt
+
+
+class DecodeOptions(msgspec.Struct, frozen=True):
+    """What the detokenizer needs to know about a request: text-level options the engine never sees."""
+
+    stop: list[str] = []
+    skip_special_tokens: bool = True
+    logprobs: bool = False
+
+
+class TokenLogprob(msgspec.Struct, frozen=True, array_like=True):
+    token: str
+    logprob: float
+    top: list[tuple[str, float]]  # the most likely alternatives, as (token, logprob)
+
+
+# --- the request path ------------------------------------------------------------------------------
+class TokenizeRequest(Message):
+    """API -> tokenizer: one prompt, fanned out to one engine request per rid."""
+
+    rids: list[str]
+    prompt: Prompt
+    sampling: list[SamplingParams]  # one per rid (seeds differ); max_tokens is set by the scheduler
+    max_tokens: int | None  # the client's budget; None: whatever the context leaves after the prompt
+    decode: DecodeOptions
+
+
+class TokenizedRequest(Message):
+    """Tokenizer -> scheduler: one engine request."""
+
+    rid: str
+    input_ids: list[int]
+    sampling: SamplingParams
+    max_tokens: int | None
+    decode: DecodeOptions
+
+
+class AbortRequest(Message):
+    """API (client gone) or detokenizer (stop string matched) -> scheduler."""
+
+    rid: str
+
+
+class DecodeRegistration(Message):
+    """Scheduler -> detokenizer, before the request's first tokens and on the same pipe as them."""
+
+    rid: str
+    options: DecodeOptions
+
+
+class StepTokens(Message):
+    """Scheduler -> detokenizer: the new token ids of one engine step."""
+
+    outputs: list[StepOutput]
+
+
+class DetokenizedChunk(msgspec.Struct, frozen=True, array_like=True):
+    """One detokenized update of one engine request."""
+
+    rid: str
+    text: str
+    n_tokens: int
+    logprobs: list[TokenLogprob] | None
+    finish_reason: FinishReason | None
+    matched_stop: int | str | None
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    error: str | None
+
+
+class DetokenizedChunks(Message):
+    """Detokenizer -> API: every chunk of one detokenizer pass."""
+
+    chunks: list[DetokenizedChunk]
+
+
+class RequestFailed(Message):
+    """Tokenizer or scheduler -> API: a request rejected before it ran (status is the HTTP status)."""
+
+    rid: str
+    status: int
+    message: str
+
+
+# --- the pod's own traffic -------------------------------------------------------------------------
+class TokenizerReady(Message):
+    who: str
+    probe_ids: list[int]  # a short prompt /health_generate can send
+    vocab_size: int
+
+
+class DetokenizerReady(Message):
+    who: str = "detokenizer"
+
+
+class EngineReady(Message):
+    max_context_len: int
+    eos_token_ids: list[int]
+    rank_pids: list[int]  # the engine's TP ranks: the API process ends them if the scheduler dies first
+    stats: dict[str, int | float]  # the fields of the engine's stats()
+    who: str = "scheduler"
+
+
+class ChildFailed(Message):
+    """Any child -> API: it could not start, or its loop crashed; the pod is done."""
+
+    who: str
+    message: str
+
+
+class SchedulerStats(Message):
+    """Scheduler -> API, twice a second and whenever the engine goes idle: also the heartbeat."""
+
+    engine: dict[str, int | float]  # the fields of the engine's stats()
+    gen_throughput: float  # generated tokens per second, smoothed
+
+
+class IntegrityCheck(Message):
+    """API -> scheduler: run the engine's page-accounting check."""
+
+    id: int
+
+
+class IntegrityReport(Message):
+    id: int
+    ok: bool
+    error: str | None
+    stats: dict[str, int | float]
+    live: int  # requests the scheduler holds
+
+
+class Shutdown(Message):
+    """API -> a child: stop (the scheduler stops the engine and its TP ranks first)."""
+
+
+ToTokenizer = TokenizeRequest | Shutdown
+ToScheduler = TokenizedRequest | AbortRequest | IntegrityCheck | Shutdown
+ToDetokenizer = DecodeRegistration | StepTokens | Shutdown
+ToApi = (
+    TokenizerReady
+    | DetokenizerReady
+    | EngineReady
+    | ChildFailed
+    | SchedulerStats
+    | RequestFailed
+    | DetokenizedChunks
+    | IntegrityReport
+)
