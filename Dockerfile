@@ -5,7 +5,7 @@
 #   docker build --target runtime     -t skiff:0.1.0 .           # CUDA: `skiff serve` with torch + FlashInfer
 #   docker build --target runtime-cpu -t skiff:0.1.0-cpu .       # CPU: torch CPU build, the embedded model and
 #                                                                #   the fused CPU kernels compiled at build time
-#   docker build --target operator    -t skiff-operator:0.1.0 .  # slim: `skiff-operator` and `skiff router`
+#   docker build --target operator    -t skiff-operator:0.1.0 .  # slim: `skiff-operator` and `skiff-router`
 #
 # Base images are build arguments: public ones by default, a locally bootstrapped Debian where no registry
 # is reachable (scripts/cluster/images.sh). A CA bundle the build's pip must trust can be passed as the
@@ -214,7 +214,7 @@ COPY operator/ operator/
 RUN --mount=type=secret,id=pip-ca \
     if [[ -s /run/secrets/pip-ca ]]; then export PIP_CERT=/run/secrets/pip-ca; fi \
  && python3 -m pip install -q --disable-pip-version-check . \
- && python3 -c "import sys, skiff_operator.main, skiff.commands.router; assert 'torch' not in sys.modules" \
+ && python3 -c "import sys, skiff_operator.main, skiff_router.main; assert not {'torch', 'skiff'} & set(sys.modules)" \
  && ! python3 -c "import torch" 2>/dev/null \
  && ! python3 -c "import transformers" 2>/dev/null \
  && python3 -m pip uninstall -q -y pip setuptools

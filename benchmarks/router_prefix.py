@@ -1,4 +1,4 @@
-"""Router benchmark: `skiff bench serve` (shared-prefix workload) through `skiff router` over N CPU
+"""Router benchmark: `skiff bench serve` (shared-prefix workload) through `skiff-router` over N CPU
 `skiff serve` backends, comparing routing strategies on throughput, time to first token and backend
 prefix-cache hit rate.
 
@@ -34,10 +34,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(args: list[str], port: int, log: Path) -> subprocess.Popen:
+def start(args: list[str], port: int, log: Path, module: str = "skiff.cli") -> subprocess.Popen:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.Popen(
-        [sys.executable, "-m", "skiff.cli", *args, "--port", str(port)],
+        [sys.executable, "-m", module, *args, "--port", str(port)],
         stdout=log.open("wb"),
         stderr=subprocess.STDOUT,
         env=env,
@@ -170,7 +170,6 @@ def main() -> int:
         procs.append(
             start(
                 [
-                    "router",
                     "--static",
                     str(discovery),
                     "--host",
@@ -182,6 +181,7 @@ def main() -> int:
                 ],
                 router_port,
                 tmp / "router.log",
+                module="skiff_router.main",
             )
         )
         router = f"http://127.0.0.1:{router_port}"

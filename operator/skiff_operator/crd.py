@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from skiff_contract import GROUP, KIND, PLURAL, SINGULAR, VERSION
+
 from .schema import structural_schema
-from .spec import GROUP, KIND, PLURAL, SINGULAR, VERSION, InferenceServiceSpec, InferenceServiceStatus
+from .spec import InferenceServiceSpec, InferenceServiceStatus
 
 SHORT_NAMES = ["sksvc"]  # not `isvc`: KServe and OME both use it
 CATEGORIES = ["skiff", "ai"]

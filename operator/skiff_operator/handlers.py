@@ -2,58 +2,34 @@
 recompute its status whenever its Deployment or Pods change. No timers or daemons: kopf would put a finalizer
 on every InferenceService for them, and deletion must not depend on the operator running.
 
-For other areas: `ISVC` is the resource selector to register more handlers on (the autoscaling package's
-`skiff_operator/autoscaling/handlers.py` is imported at the end of this module when it exists), `STATE`
-holds the API connection and settings, `sync_status(ns, name)` and `reconcile(ns, name)` are safe to call
-from any handler."""
+Importing this module registers every handler, the autoscaling package's too. `ISVC` (the resource
+selector) and `STATE` (the API connection and settings) live in state.py, which other handler modules
+import; `sync_status(ns, name)` and `reconcile(ns, name)` are safe to call from any handler."""
 
 from __future__ import annotations
 
 import contextlib
 import datetime
-import importlib
 import logging
-import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
+from skiff_contract import GROUP
 
 from . import render
-from .kube import Cluster, load_config
-from .render import LABEL_ISVC, OperatorSettings
-from .spec import GROUP, PLURAL, VERSION, parse_spec
+from .autoscaling import handlers as autoscaling_handlers
+from .metadata import LABEL_HASH, LABEL_ISVC
+from .render import OperatorSettings
+from .spec import parse_spec
+from .state import ISVC, STATE
 from .status import Observed, compute_status, status_changed
 from .validation import validate_spec
 
-ISVC = (GROUP, VERSION, PLURAL)
+__all__ = ["ISVC", "STATE", "autoscaling_handlers", "reconcile", "sync_status"]
 log = logging.getLogger("skiff_operator")
-
-
-@dataclass
-class State:
-    settings: OperatorSettings = field(default_factory=OperatorSettings)
-    cluster: Cluster | None = None
-    errors: dict[tuple[str, str], str] = field(default_factory=dict)  # last reconcile failure per object
-    desired_hashes: dict[tuple[str, str], str] = field(default_factory=dict)  # template hash last rendered
-    _locks: dict[tuple[str, str], threading.Lock] = field(default_factory=dict)
-    _guard: threading.Lock = field(default_factory=threading.Lock)
-
-    def lock(self, key: tuple[str, str]) -> threading.Lock:
-        with self._guard:
-            return self._locks.setdefault(key, threading.Lock())
-
-    def api(self) -> Cluster:
-        if self.cluster is None:
-            load_config()
-            self.cluster = Cluster()
-        return self.cluster
-
-
-STATE = State()
 
 
 def _now() -> str:
@@ -74,7 +50,7 @@ def sync_status(namespace: str, name: str) -> dict[str, Any] | None:
         error = STATE.errors.get((namespace, name))
         try:
             desired = render.deployment(isvc, parse_spec(isvc.get("spec")), STATE.settings)
-            desired_hash = desired["metadata"]["annotations"][render.LABEL_HASH]
+            desired_hash = desired["metadata"]["annotations"][LABEL_HASH]
             STATE.desired_hashes[(namespace, name)] = desired_hash
         except (ValidationError, ValueError):
             desired_hash = ""
@@ -157,18 +133,7 @@ def on_child(
         return
     status = sync_status(namespace, owner)
     if body.get("kind") == "Deployment" and status is not None:
-        applied = (body.get("metadata", {}).get("annotations") or {}).get(render.LABEL_HASH)
+        applied = (body.get("metadata", {}).get("annotations") or {}).get(LABEL_HASH)
         if applied != STATE.desired_hashes.get((namespace, owner), applied):
             with contextlib.suppress(kopf.PermanentError, kopf.TemporaryError):
                 reconcile(namespace, owner)  # the Deployment was edited behind our back: re-apply
-
-
-def _load_extensions() -> None:
-    try:
-        importlib.import_module("skiff_operator.autoscaling.handlers")
-    except ModuleNotFoundError as e:
-        if e.name not in ("skiff_operator.autoscaling", "skiff_operator.autoscaling.handlers"):
-            raise
-
-
-_load_extensions()

@@ -12,9 +12,9 @@ import kubernetes
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
+from skiff_contract import GROUP, PLURAL, VERSION
 
-from .render import FIELD_MANAGER, LABEL_ISVC
-from .spec import GROUP, PLURAL, VERSION
+from .metadata import FIELD_MANAGER, LABEL_ISVC
 
 log = logging.getLogger("skiff_operator")
 

@@ -1,45 +1,16 @@
-"""Model sources (hf://, pvc://, file://, embedded) -> the pod's model volume, mounts and download step."""
+"""Model sources (hf://, pvc://, file://, embedded; parsed by skiff_contract) -> the pod's model volume,
+mounts and download step."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from skiff_contract import parse_source
+
 from .spec import InferenceServiceSpec
 
 MODEL_ROOT = "/models"
-
-
-@dataclass(frozen=True)
-class ParsedSource:
-    scheme: str  # "hf", "pvc", "file" or "embedded"
-    location: str  # org/name, claim, or absolute path
-    path: str = ""  # path inside the claim (pvc)
-    revision: str | None = None  # hf revision
-
-
-def parse_source(source: str | None) -> ParsedSource:
-    """Split a model source URI; the CRD pattern has already checked its shape."""
-    if not source:
-        return ParsedSource("embedded", "")
-    scheme, sep, rest = source.partition("://")
-    if not sep:
-        raise ValueError(f"model source {source!r} has no scheme (hf://, pvc:// or file://)")
-    if scheme == "hf":
-        repo, _, revision = rest.partition("@")
-        if repo.count("/") != 1:
-            raise ValueError(f"hf source {source!r} must be hf://org/name[@revision]")
-        return ParsedSource("hf", repo, revision=revision or None)
-    if scheme == "pvc":
-        claim, _, path = rest.partition("/")
-        if not claim:
-            raise ValueError(f"pvc source {source!r} must be pvc://claim/path")
-        return ParsedSource("pvc", claim, path=path.strip("/"))
-    if scheme == "file":
-        if not rest.startswith("/"):
-            raise ValueError(f"file source {source!r} must be an absolute path: file:///path")
-        return ParsedSource("file", rest)
-    raise ValueError(f"model source scheme {scheme!r} is not supported (hf://, pvc://, file://)")
 
 
 @dataclass(frozen=True)

@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import importlib
 import json
 from dataclasses import dataclass
 from typing import Any
 
+from .autoscaling.render import autoscaler_objects
+from .metadata import LABEL_HASH, child_metadata, common_labels, selector_labels, served_name
 from .model_source import ModelVolume, model_volume
-from .spec import GROUP, KIND, VERSION, InferenceServiceSpec, parse_spec
+from .spec import InferenceServiceSpec, parse_spec
 
 PORT = 8000
-LABEL_ISVC = f"{GROUP}/inferenceservice"
-LABEL_ROLE = f"{GROUP}/role"
-LABEL_HASH = f"{GROUP}/template-hash"
-FIELD_MANAGER = "skiff-operator"
 
 
 @dataclass(frozen=True)
@@ -26,57 +23,10 @@ class OperatorSettings:
     pdb_api_version: str = "policy/v1"  # policy/v1beta1 on clusters older than 1.21
 
 
-def selector_labels(name: str) -> dict[str, str]:
-    return {LABEL_ISVC: name, LABEL_ROLE: "main"}
-
-
-def common_labels(name: str) -> dict[str, str]:
-    return {
-        "app.kubernetes.io/name": "skiff",
-        "app.kubernetes.io/instance": name,
-        "app.kubernetes.io/component": "server",
-        "app.kubernetes.io/part-of": "skiff",
-        "app.kubernetes.io/managed-by": FIELD_MANAGER,
-        **selector_labels(name),
-    }
-
-
-def selector_string(name: str) -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(name).items()))
-
-
-def served_name(isvc: dict[str, Any], spec: InferenceServiceSpec | None = None) -> str:
-    spec = spec or parse_spec(isvc.get("spec"))
-    return spec.model.served_name or isvc["metadata"]["name"]
-
-
 def service_url(isvc: dict[str, Any], settings: OperatorSettings, spec: InferenceServiceSpec) -> str:
     meta = isvc["metadata"]
     port = "" if spec.service.port == 80 else f":{spec.service.port}"
     return f"http://{meta['name']}.{meta['namespace']}.svc.{settings.cluster_domain}{port}/v1"
-
-
-def owner_reference(isvc: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": KIND,
-        "name": isvc["metadata"]["name"],
-        "uid": isvc["metadata"]["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
-
-
-def _metadata(isvc: dict[str, Any], name: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    meta: dict[str, Any] = {
-        "name": name,
-        "namespace": isvc["metadata"]["namespace"],
-        "labels": common_labels(isvc["metadata"]["name"]),
-        "ownerReferences": [owner_reference(isvc)],
-    }
-    if annotations:
-        meta["annotations"] = dict(annotations)
-    return meta
 
 
 def gpu_count(spec: InferenceServiceSpec) -> int:
@@ -267,7 +217,7 @@ def deployment(
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _metadata(isvc, name, {LABEL_HASH: digest}),
+        "metadata": child_metadata(isvc, name, {LABEL_HASH: digest}),
         "spec": dep_spec,
     }
 
@@ -277,7 +227,7 @@ def services(isvc: dict[str, Any], spec: InferenceServiceSpec) -> list[dict[str,
     main = {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(isvc, name, spec.service.annotations),
+        "metadata": child_metadata(isvc, name, spec.service.annotations),
         "spec": {
             "type": spec.service.type,
             "selector": selector_labels(name),
@@ -287,7 +237,7 @@ def services(isvc: dict[str, Any], spec: InferenceServiceSpec) -> list[dict[str,
     headless = {  # endpoint discovery for the router: one DNS record per ready pod
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(isvc, f"{name}-pods"),
+        "metadata": child_metadata(isvc, f"{name}-pods"),
         "spec": {
             "clusterIP": "None",
             "selector": selector_labels(name),
@@ -312,7 +262,7 @@ def disruption_budget(
     return {
         "apiVersion": settings.pdb_api_version,
         "kind": "PodDisruptionBudget",
-        "metadata": _metadata(isvc, name),
+        "metadata": child_metadata(isvc, name),
         "spec": {"selector": {"matchLabels": selector_labels(name)}, **budget},
     }
 
@@ -330,20 +280,9 @@ def cache_claim(isvc: dict[str, Any], spec: InferenceServiceSpec) -> dict[str, A
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": _metadata(isvc, f"{isvc['metadata']['name']}-model-cache"),
+        "metadata": child_metadata(isvc, f"{isvc['metadata']['name']}-model-cache"),
         "spec": claim,
     }
-
-
-def autoscaler_hook() -> Any:
-    """`skiff_operator.autoscaling.render.autoscaler_objects`, when the autoscaling package provides it."""
-    try:
-        module = importlib.import_module("skiff_operator.autoscaling.render")
-    except ModuleNotFoundError as e:
-        if e.name not in ("skiff_operator.autoscaling", "skiff_operator.autoscaling.render"):
-            raise
-        return None
-    return getattr(module, "autoscaler_objects", None)
 
 
 def desired_children(isvc: dict[str, Any], settings: OperatorSettings | None = None) -> list[dict[str, Any]]:
@@ -352,7 +291,5 @@ def desired_children(isvc: dict[str, Any], settings: OperatorSettings | None = N
     spec = parse_spec(isvc.get("spec"))
     children = [cache_claim(isvc, spec), deployment(isvc, spec, settings), *services(isvc, spec)]
     children.append(disruption_budget(isvc, spec, settings))
-    hook = autoscaler_hook()
-    if hook is not None:
-        children += hook(isvc)
+    children += autoscaler_objects(isvc)
     return [c for c in children if c is not None]

@@ -8,11 +8,12 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
-GROUP = "skiff.dev"
-VERSION = "v1alpha1"
-KIND = "InferenceService"
-PLURAL = "inferenceservices"
-SINGULAR = "inferenceservice"
+# the CRD's coordinates live in skiff_contract (the router uses them too); re-exported for the operator
+from skiff_contract import GROUP as GROUP
+from skiff_contract import KIND as KIND
+from skiff_contract import PLURAL as PLURAL
+from skiff_contract import SINGULAR as SINGULAR
+from skiff_contract import VERSION as VERSION
 
 # Kubernetes int-or-string (25%, 1) and resource quantities ("500m", "16Gi", 2).
 IntOrString = Annotated[int | str, WithJsonSchema({"x-kubernetes-int-or-string": True})]

@@ -8,8 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .model_source import parse_source
-from .render import LABEL_HASH, OperatorSettings, selector_string, served_name, service_url
+from skiff_contract import parse_source
+
+from .metadata import LABEL_HASH, selector_string, served_name
+from .render import OperatorSettings, service_url
 from .spec import parse_spec
 
 CONDITION_TYPES = ("Ready", "ModelReady", "WorkloadReady", "Progressing", "Degraded")

@@ -14,14 +14,12 @@ COMMANDS: dict[str, str] = {
     "generate": "generate",
     "bench": "bench",
     "download": "download",
-    "router": "router",
 }
 HELP: dict[str, str] = {
     "serve": "serve a model over an OpenAI-compatible HTTP API",
     "generate": "generate offline from prompts on the command line",
     "bench": "benchmarks: `offline` (in-process engine) or `serve` (load generator for any OpenAI server)",
     "download": "download a model (hf://org/name[@rev]) into a local directory",
-    "router": "the in-cluster OpenAI endpoint that routes by model to InferenceServices",
 }
 
 

@@ -9,9 +9,12 @@ import fnmatch
 import hashlib
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from skiff_contract import ModelSource, SourceError
+from skiff_contract import parse_source as parse_source_uri
+from skiff_contract.model_source import FORMS
 
 MARKER = ".skiff-download.json"
 WEIGHT_GLOBS = ("*.safetensors", "*.gguf", "*.bin")
@@ -23,34 +26,15 @@ class DownloadError(Exception):
     """A model that cannot be fetched or is not usable; the message says why."""
 
 
-@dataclass(frozen=True)
-class Source:
-    scheme: str  # hf, pvc or file
-    location: str  # org/name, claim, or absolute path
-    path: str = ""
-    revision: str | None = None
-
-
-def parse_source(uri: str) -> Source:
-    scheme, sep, rest = uri.partition("://")
-    if not sep or not rest:
-        raise DownloadError(
-            f"{uri!r} is not a model source: use hf://org/name[@revision], pvc://claim/path or file:///path"
-        )
-    if scheme == "hf":
-        repo, _, revision = rest.partition("@")
-        org, _, name = repo.partition("/")
-        if not org or not name or "/" in name:
-            raise DownloadError(f"{uri!r}: hf sources are hf://org/name[@revision]")
-        return Source("hf", repo, revision=revision or None)
-    if scheme == "pvc":
-        claim, _, path = rest.partition("/")
-        return Source("pvc", claim, path=path.strip("/"))
-    if scheme == "file":
-        if not rest.startswith("/"):
-            raise DownloadError(f"{uri!r}: file sources need an absolute path (file:///path)")
-        return Source("file", rest)
-    raise DownloadError(f"{uri!r}: unsupported scheme {scheme!r} (hf, pvc, file)")
+def parse_source(uri: str) -> ModelSource:
+    """The source `uri` names (skiff_contract's grammar, the operator's too); no URI is an error here."""
+    try:
+        src = parse_source_uri(uri)
+    except SourceError as e:
+        raise DownloadError(str(e)) from e
+    if src.scheme == "embedded":
+        raise DownloadError(f"{uri!r} is not a model source: use {FORMS}")
+    return src
 
 
 def verify_model_path(path: Path) -> str:
@@ -106,7 +90,9 @@ def verify_against_metadata(dest: Path, files: list[dict[str, Any]]) -> None:
             raise DownloadError(f"verification failed: {f['name']} sha256 differs from the hub's")
 
 
-def fetch_hf(src: Source, dest: Path, token: str | None, exclude: tuple[str, ...] = DEFAULT_EXCLUDE) -> str:
+def fetch_hf(
+    src: ModelSource, dest: Path, token: str | None, exclude: tuple[str, ...] = DEFAULT_EXCLUDE
+) -> str:
     from huggingface_hub import HfApi, snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,

@@ -20,11 +20,11 @@ from conftest import wait_for
 from fakes import ServerThread
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
-from skiff.router.app import RouterConfig, create_app
-from skiff.router.discovery import StaticSource
 from skiff_operator.autoscaling.loop import Autoscaler
 from skiff_operator.render import OperatorSettings, deployment, selector_labels
 from skiff_operator.spec import GROUP, PLURAL, VERSION, parse_spec
+from skiff_router.app import RouterConfig, create_app
+from skiff_router.discovery import StaticSource
 
 pytestmark = pytest.mark.timeout(180)
 NS = "default"

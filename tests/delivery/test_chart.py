@@ -68,7 +68,7 @@ def test_defaults_render_operator_router_rbac(rendered):
     assert all(set(r["verbs"]) <= {"get", "list", "watch"} for r in secrets), "secrets are read-only"
     assert not any("*" in r["verbs"] or "*" in r["resources"] for r in role["rules"])
     (router,) = find(objs, "Deployment", "skiff-router")
-    assert router["spec"]["template"]["spec"]["containers"][0]["command"] == ["skiff", "router"]
+    assert router["spec"]["template"]["spec"]["containers"][0]["command"] == ["skiff-router"]
     (svc,) = find(objs, "Service", "skiff-router")
     assert svc["spec"]["ports"][0]["targetPort"] == "http"
     (crd,) = find(objs, "CustomResourceDefinition", "inferenceservices.skiff.dev")

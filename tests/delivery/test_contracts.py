@@ -1,9 +1,8 @@
-"""The command lines the chart renders are accepted by the real `skiff-operator` and `skiff router`
+"""The command lines the chart renders are accepted by the real `skiff-operator` and `skiff-router`
 parsers, and the HA wrapper draws a distinct kopf priority per replica."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 
@@ -23,8 +22,8 @@ def k8s_expand(arg: str) -> str:
 
 @pytest.mark.parametrize("values_file", VALUES_FILES, ids=lambda p: p.stem)
 def test_operator_and_router_args_parse(values_file):
-    from skiff.commands import router
     from skiff_operator.main import build_parser
+    from skiff_router.main import build_parser as router_parser
 
     objs = [o for v in renderer.render(values_of(values_file)).values() for o in v]
     op = build_parser().parse_args(container(objs, "skiff-operator")["args"])
@@ -33,10 +32,8 @@ def test_operator_and_router_args_parse(values_file):
     assert op.default_image.startswith("ghcr.io/skiff-project/skiff:")
     if find(objs, "Deployment", "skiff-router"):
         rc = container(objs, "skiff-router")
-        assert rc["command"] == ["skiff", "router"]
-        parser = argparse.ArgumentParser()
-        router.add_arguments(parser)
-        args = parser.parse_args(rc["args"])
+        assert rc["command"] == ["skiff-router"]
+        args = router_parser().parse_args(rc["args"])
         assert args.port == rc["ports"][0]["containerPort"] and (args.namespace or []) == watched
 
 

@@ -10,7 +10,8 @@ import sys
 import pytest
 from skiff.download import DownloadError, fetch, parse_source, verify_against_metadata
 from skiff.embedded import embedded_model_path
-from skiff_operator.model_source import parse_source as operator_parse
+from skiff_contract import SourceError
+from skiff_contract import parse_source as contract_parse
 
 
 def skiff(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -70,6 +71,7 @@ def test_pvc_source_checks_the_path_under_the_mount(tmp_path) -> None:
         ("hf://onlyname", "hf://org/name[@revision]"),
         ("file://relative/path", "absolute path"),
         ("just-a-name", "is not a model source"),
+        ("pvc:///models/llama", "pvc sources name a claim"),
     ],
 )
 def test_bad_sources(uri: str, fragment: str) -> None:
@@ -99,14 +101,29 @@ def test_verification_against_hub_metadata(tmp_path) -> None:
 
 
 @pytest.mark.parametrize(
-    "uri",
-    ["hf://Qwen/Qwen3-8B", "hf://Qwen/Qwen3-8B@v1.0", "pvc://models/a/b/c", "pvc://models", "file:///mnt/m"],
+    "uri,parsed",
+    [
+        ("hf://Qwen/Qwen3-8B", ("hf", "Qwen/Qwen3-8B", "", None)),
+        ("hf://Qwen/Qwen3-8B@v1.0", ("hf", "Qwen/Qwen3-8B", "", "v1.0")),
+        ("pvc://models/a/b/c", ("pvc", "models", "a/b/c", None)),
+        ("pvc://models", ("pvc", "models", "", None)),
+        ("file:///mnt/m", ("file", "/mnt/m", "", None)),
+    ],
 )
-def test_runtime_and_operator_parse_sources_alike(uri: str) -> None:
-    ours, theirs = parse_source(uri), operator_parse(uri)
-    assert (ours.scheme, ours.location, ours.path, ours.revision) == (
-        theirs.scheme,
-        theirs.location,
-        theirs.path,
-        theirs.revision,
-    )
+def test_runtime_and_operator_parse_sources_alike(uri: str, parsed: tuple) -> None:
+    """One parser (skiff_contract) for `skiff download` and the operator."""
+    for src in (parse_source(uri), contract_parse(uri)):
+        assert (src.scheme, src.location, src.path, src.revision) == parsed
+
+
+def test_an_empty_pvc_claim_is_rejected_by_both() -> None:
+    with pytest.raises(SourceError, match=r"'pvc:///models': pvc sources name a claim: pvc://claim/path"):
+        contract_parse("pvc:///models")
+    with pytest.raises(DownloadError, match="pvc sources name a claim"):
+        parse_source("pvc:///models")
+
+
+def test_no_source_is_the_embedded_model_for_the_operator_only() -> None:
+    assert contract_parse(None).scheme == contract_parse("").scheme == "embedded"
+    with pytest.raises(DownloadError, match="is not a model source"):
+        parse_source("")

@@ -8,7 +8,7 @@ import kubernetes
 import pytest
 from conftest import Api, running_operator, wait_for
 from skiff.embedded import embedded_model_path
-from skiff_operator.render import FIELD_MANAGER, LABEL_HASH, LABEL_ISVC
+from skiff_operator.metadata import FIELD_MANAGER, LABEL_HASH, LABEL_ISVC
 from skiff_operator.spec import GROUP, PLURAL, VERSION
 
 pytestmark = pytest.mark.timeout(300)

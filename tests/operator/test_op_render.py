@@ -4,20 +4,13 @@ from __future__ import annotations
 
 import copy
 import os
-import sys
-import types
 
 import kubernetes_validate
 import pytest
 import yaml
 from op_helpers import ROOT, example_crs, isvc, with_identity
-from skiff_operator.render import (
-    LABEL_HASH,
-    LABEL_ISVC,
-    OperatorSettings,
-    desired_children,
-    serve_command,
-)
+from skiff_operator.metadata import LABEL_HASH, LABEL_ISVC
+from skiff_operator.render import OperatorSettings, desired_children, serve_command
 from skiff_operator.spec import parse_spec
 
 K8S_VERSIONS = ["1.29.0", "1.33.0", "1.37.0"]
@@ -232,7 +225,7 @@ def test_operator_settings_and_pdb_fallback() -> None:
     )
 
 
-def test_autoscaler_hook_objects_are_appended(monkeypatch) -> None:
+def test_autoscaler_objects_are_appended(monkeypatch) -> None:
     seen = []
 
     def autoscaler_objects(body: dict) -> list[dict]:
@@ -245,12 +238,7 @@ def test_autoscaler_hook_objects_are_appended(monkeypatch) -> None:
             }
         ]
 
-    package = types.ModuleType("skiff_operator.autoscaling")
-    package.__path__ = []
-    module = types.ModuleType("skiff_operator.autoscaling.render")
-    module.autoscaler_objects = autoscaler_objects
-    monkeypatch.setitem(sys.modules, "skiff_operator.autoscaling", package)
-    monkeypatch.setitem(sys.modules, "skiff_operator.autoscaling.render", module)
+    monkeypatch.setattr("skiff_operator.render.autoscaler_objects", autoscaler_objects)
     children = render({"autoscaling": {"mode": "hpa", "minReplicas": 1}})
     assert seen == ["demo"] and children[-1]["kind"] == "HorizontalPodAutoscaler"
 

@@ -1,4 +1,4 @@
-"""Real processes for the router integration tests: `skiff serve` backends and a `skiff router`."""
+"""Real processes for the router integration tests: `skiff serve` backends and a `skiff-router`."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ from fakes import free_port
 
 
 class Proc:
-    def __init__(self, args: list[str]) -> None:
+    def __init__(self, args: list[str], module: str = "skiff.cli") -> None:
         self.port = free_port()
         self.log_path = Path(tempfile.mkstemp(prefix="skiff-router-test-", suffix=".log")[1])
         self._log = open(self.log_path, "wb")  # noqa: SIM115 (lives as long as the process)
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         env.pop("SKIFF_API_KEY", None)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "skiff.cli", *args, "--port", str(self.port)],
+            [sys.executable, "-m", module, *args, "--port", str(self.port)],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=env,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 
 import pytest
-from skiff.router.balance import Endpoint, LeastRequests, PrefixHash, RoundRobin, make_balancer, prefix_key
+from skiff_router.balance import Endpoint, LeastRequests, PrefixHash, RoundRobin, make_balancer, prefix_key
 
 
 def endpoints(n: int) -> list[Endpoint]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import base64
 
 import pytest
-from skiff.router.keys import ApiKey, AuthError, KeyStore, authorize
-from skiff.router.kube import keys_from_secrets, pools_from_objects, slice_addresses
-from skiff.router.registry import PoolSpec, Registry
+from skiff_router.keys import ApiKey, AuthError, KeyStore, authorize
+from skiff_router.kube import keys_from_secrets, pools_from_objects, slice_addresses
+from skiff_router.registry import PoolSpec, Registry
 
 
 class Clock:
@@ -179,7 +179,7 @@ def test_replicas_share_each_limit():
 
 
 def test_router_counts_its_ready_peers():
-    from skiff.router.kube import KubeSource
+    from skiff_router.kube import KubeSource
 
     def slice_(*ready: bool) -> dict:
         return {

@@ -10,8 +10,8 @@ import openai
 import pytest
 import yaml
 from fakes import ServerThread, fake_backend, free_port
-from skiff.router.app import RouterConfig, create_app
-from skiff.router.discovery import StaticSource
+from skiff_router.app import RouterConfig, create_app
+from skiff_router.discovery import StaticSource
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -19,12 +19,12 @@ import openai
 import pytest
 from fakes import ServerThread
 from kube_fixture import wait_for
-from skiff.router.app import RouterConfig, create_app
-from skiff.router.kube import KubeSource
+from skiff_contract import GROUP, PLURAL, VERSION
+from skiff_router.app import RouterConfig, create_app
+from skiff_router.kube import KubeSource
 
 pytestmark = pytest.mark.timeout(240)
 NS = "default"
-GROUP, VERSION, PLURAL = "skiff.dev", "v1alpha1", "inferenceservices"
 
 
 def b64(text: str) -> str:

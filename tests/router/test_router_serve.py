@@ -35,7 +35,6 @@ class Cluster:
         self.set("smol-alt", endpoints=[], replicas=0, apiKey="sk-pod-c")
         self.router = Proc(
             [
-                "router",
                 "--static",
                 str(self.file),
                 "--host",
@@ -48,7 +47,8 @@ class Cluster:
                 "0.2",
                 "--log-level",
                 "warning",
-            ]
+            ],
+            module="skiff_router.main",
         )
 
     def set(self, model: str, **fields) -> None:

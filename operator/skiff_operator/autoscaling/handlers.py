@@ -1,4 +1,4 @@
-"""kopf handlers of the autoscaler (imported by skiff_operator.handlers when present).
+"""kopf handlers of the autoscaler (registered by importing skiff_operator.handlers).
 
 Timers run only in the active operator instance: kopf peering pauses every other replica, which makes the
 loop leader-only. Settings come from the environment of the operator pod:
@@ -15,7 +15,7 @@ from typing import Any
 
 import kopf
 
-from skiff_operator.handlers import ISVC, STATE
+from skiff_operator.state import ISVC, STATE
 
 from .loop import Autoscaler, status_patch
 

@@ -17,9 +17,10 @@ from typing import Any
 import httpx
 import kubernetes
 from kubernetes.client.exceptions import ApiException
+from skiff_contract import GROUP, KIND, PLURAL, VERSION
 
-from skiff_operator.render import selector_string, served_name
-from skiff_operator.spec import GROUP, KIND, PLURAL, VERSION, parse_spec
+from skiff_operator.metadata import selector_string, served_name
+from skiff_operator.spec import parse_spec
 
 from .policy import Decision, Policy, Sample, decide
 from .scrape import read_load

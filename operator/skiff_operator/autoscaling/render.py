@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from skiff_operator.render import _metadata, served_name
-from skiff_operator.spec import GROUP, KIND, VERSION, parse_spec
+from skiff_contract import API_VERSION, KIND
+
+from skiff_operator.metadata import child_metadata, served_name
+from skiff_operator.spec import parse_spec
 
 from .metrics import HELD, SIGNALS
 
@@ -17,7 +19,7 @@ HPA_PERIOD = 15  # seconds per step policy
 
 
 def _scale_target(isvc: dict[str, Any]) -> dict[str, str]:
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": isvc["metadata"]["name"]}
+    return {"apiVersion": API_VERSION, "kind": KIND, "name": isvc["metadata"]["name"]}
 
 
 def _quantity(value: float) -> str:
@@ -57,7 +59,7 @@ def hpa(isvc: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",
-        "metadata": _metadata(isvc, isvc["metadata"]["name"]),
+        "metadata": child_metadata(isvc, isvc["metadata"]["name"]),
         "spec": {
             "scaleTargetRef": _scale_target(isvc),
             "minReplicas": max(1, a.min_replicas),
@@ -91,7 +93,7 @@ def scaled_object(isvc: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": "keda.sh/v1alpha1",
         "kind": "ScaledObject",
-        "metadata": _metadata(isvc, name),
+        "metadata": child_metadata(isvc, name),
         "spec": {
             "scaleTargetRef": _scale_target(isvc),
             "minReplicaCount": a.min_replicas,

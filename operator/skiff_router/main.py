@@ -1,13 +1,22 @@
-"""`skiff router`: serve the in-cluster OpenAI endpoint (discovery from Kubernetes or a static file)."""
+"""`skiff-router`: serve the in-cluster OpenAI endpoint (discovery from Kubernetes or a static file)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
+import sys
+
+from skiff_router.app import RouterConfig, create_app
+from skiff_router.discovery import Source, StaticSource
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="skiff-router",
+        description="the in-cluster OpenAI endpoint that routes by model to InferenceServices",
+    )
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=8080)
     src = parser.add_mutually_exclusive_group()
@@ -66,22 +75,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(namespace from $POD_NAMESPACE)",
     )
     parser.add_argument("--log-level", default="info")
+    return parser
 
 
-def run(args: argparse.Namespace) -> int:
+def config_from_args(args: argparse.Namespace) -> RouterConfig:
+    """The RouterConfig fields that have a flag of the same name take its value."""
+    for name in ("hold_cap", "max_attempts", "quota_replicas"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name.replace('_', '-')} must be >= 1")
+    fields = {f.name for f in dataclasses.fields(RouterConfig)}
+    return RouterConfig(**{k: v for k, v in vars(args).items() if k in fields})
+
+
+def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
-    from skiff.router.app import RouterConfig, create_app
-
+    args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    source: Source
     if args.static:
-        from skiff.router.discovery import StaticSource
-
         source = StaticSource(args.static, interval=min(args.refresh_interval, 1.0))
     else:
-        from skiff.router.kube import KubeSource
+        from skiff_router.kube import KubeSource  # the kubernetes client, only for cluster discovery
 
         source = KubeSource(
             namespaces=tuple(args.namespace or ()),
@@ -90,23 +107,15 @@ def run(args: argparse.Namespace) -> int:
             peers_service=args.peers_service,
             peers_namespace=os.environ.get("POD_NAMESPACE", "default"),
         )
-    for name in ("hold_cap", "max_attempts", "quota_replicas"):
-        if getattr(args, name) < 1:
-            raise SystemExit(f"--{name.replace('_', '-')} must be >= 1")
-    config = RouterConfig(
-        hold_cap=args.hold_cap,
-        hold_timeout=args.hold_timeout,
-        keepalive_interval=args.keepalive_interval,
-        retry_after=args.retry_after,
-        max_attempts=args.max_attempts,
-        require_api_key=args.require_api_key,
-        quota_replicas=args.quota_replicas,
-    )
     uvicorn.run(
-        create_app(source, config),
+        create_app(source, config_from_args(args)),
         host=args.host,
         port=args.port,
         log_level=args.log_level.lower(),
         timeout_graceful_shutdown=30,
     )
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -11,9 +11,9 @@ import asyncio
 import contextlib
 import time
 
-from skiff.router.discovery import Source
-from skiff.router.metrics import RouterMetrics
-from skiff.router.registry import Pool, Registry
+from skiff_router.discovery import Source
+from skiff_router.metrics import RouterMetrics
+from skiff_router.registry import Pool, Registry
 
 SCALE_REQUEST_EVERY = 10.0  # seconds between repeated scale-from-zero requests for one pool
 

@@ -13,10 +13,10 @@ from typing import Any, Protocol
 
 import yaml
 
-from skiff.router.keys import ApiKey, KeyStore
-from skiff.router.registry import PoolSpec, Registry
+from skiff_router.keys import ApiKey, KeyStore
+from skiff_router.registry import PoolSpec, Registry
 
-log = logging.getLogger("skiff.router")
+log = logging.getLogger("skiff_router")
 
 
 class Source(Protocol):

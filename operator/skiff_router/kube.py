@@ -11,23 +11,19 @@ import base64
 import logging
 from dataclasses import dataclass
 
-from skiff.router.discovery import pod_keys
-from skiff.router.keys import ApiKey, KeyStore
-from skiff.router.registry import PoolSpec, Registry
+from skiff_contract import API_KEY_LABEL, GROUP, ISVC_LABEL, PLURAL, VERSION, isvc_served_name
 
-log = logging.getLogger("skiff.router")
+from skiff_router.discovery import pod_keys
+from skiff_router.keys import ApiKey, KeyStore
+from skiff_router.registry import PoolSpec, Registry
 
-GROUP, VERSION, PLURAL = "skiff.dev", "v1alpha1", "inferenceservices"
-ISVC_LABEL = "skiff.dev/inferenceservice"
-KEY_LABEL = "skiff.dev/api-key"
+log = logging.getLogger("skiff_router")
+
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
 
 
 def served_models(isvc: dict) -> tuple[str, ...]:
-    spec = isvc.get("spec") or {}
-    model = spec.get("model") or {}
-    name = model.get("servedName") or isvc["metadata"]["name"]
-    return (name,)
+    return (isvc_served_name(isvc),)
 
 
 def slice_addresses(endpoint_slice: dict) -> list[str]:
@@ -102,7 +98,7 @@ def keys_from_secrets(secrets: list[dict]) -> list[ApiKey]:
     """Client keys from the Secrets labelled `skiff.dev/api-key` (others are ignored)."""
     keys = []
     for s in secrets:
-        if KEY_LABEL not in (s["metadata"].get("labels") or {}):
+        if API_KEY_LABEL not in (s["metadata"].get("labels") or {}):
             continue
         try:
             keys.append(key_from_secret(s))
@@ -167,11 +163,11 @@ class KubeSource:
             for ns in self.namespaces:
                 isvcs += self._custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]
                 slices += self._slices(ns)
-                secrets += self._core.list_namespaced_secret(ns, label_selector=KEY_LABEL).items
+                secrets += self._core.list_namespaced_secret(ns, label_selector=API_KEY_LABEL).items
         else:
             isvcs = self._custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
             slices = self._slices(None)
-            secrets = self._core.list_secret_for_all_namespaces(label_selector=KEY_LABEL).items
+            secrets = self._core.list_secret_for_all_namespaces(label_selector=API_KEY_LABEL).items
         secret_dicts = [ser(s) for s in secrets]
         have = {(s["metadata"].get("namespace"), s["metadata"]["name"]) for s in secret_dicts}
         for isvc in isvcs:
@@ -195,7 +191,7 @@ class KubeSource:
                 "v1",
                 self.peers_namespace,
                 "endpointslices",
-                label_selector=f"kubernetes.io/service-name={self.peers_service}",
+                label_selector=f"{SERVICE_NAME_LABEL}={self.peers_service}",
             )
         except Exception as e:  # RBAC or an old cluster: keep the configured share
             if not getattr(self, "_peers_warned", False):

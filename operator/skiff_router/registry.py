@@ -11,7 +11,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from skiff.router.balance import Balancer, Endpoint, make_balancer
+from skiff_router.balance import Balancer, Endpoint, make_balancer
 
 EJECT_SECONDS = 5.0  # an endpoint that refused a connection is skipped this long (or until rediscovered)
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from skiff.router.balance import Endpoint
-from skiff.router.registry import Pool
+from skiff_router.balance import Endpoint
+from skiff_router.registry import Pool
 
 RETRY_STATUSES = {502, 503}
 

@@ -14,15 +14,15 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from skiff.router.balance import prefix_key
-from skiff.router.discovery import Source
-from skiff.router.hold import Holder, HoldRefused
-from skiff.router.keys import ApiKey, AuthError, KeyStore, authenticate, authorize
-from skiff.router.metrics import RouterMetrics
-from skiff.router.proxy import NoEndpoint, Upstream, open_upstream, relay_sse
-from skiff.router.registry import Pool, Registry
+from skiff_router.balance import prefix_key
+from skiff_router.discovery import Source
+from skiff_router.hold import Holder, HoldRefused
+from skiff_router.keys import ApiKey, AuthError, KeyStore, authenticate, authorize
+from skiff_router.metrics import RouterMetrics
+from skiff_router.proxy import NoEndpoint, Upstream, open_upstream, relay_sse
+from skiff_router.registry import Pool, Registry
 
-log = logging.getLogger("skiff.router")
+log = logging.getLogger("skiff_router")
 
 
 @dataclass
