@@ -39,6 +39,7 @@ class EngineConfig:
     disable_overlap: bool = field(
         default_factory=lambda: os.environ.get("SKIFF_DISABLE_OVERLAP_SCHEDULING") == "1"
     )
+    overlap_on_cpu: bool = False  # run the overlap (lag 1) loop on CPU too: no gain there, it tests that path
     num_threads: int | None = None  # CPU threads for torch; None: all cores
     seed: int = 0
     dist_port: int | None = None  # rendezvous port for tp > 1; None: pick a free one

@@ -9,7 +9,7 @@ import sys
 GPU_MODULES = (
     "skiff.attention.flashinfer_backend",
     "skiff.engine.cuda_graph",
-    "skiff.engine.overlap",
+    "skiff.engine.engine",
     "skiff.kernels.triton_ops",
     "skiff.layers.fused",
 )

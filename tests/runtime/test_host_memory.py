@@ -37,6 +37,9 @@ def faults(mode: str) -> int:
 
 
 def test_retained_heap_reuses_freed_blocks_without_faulting() -> None:
-    default, retained = faults("default"), faults("retain")
-    assert default > 30_000  # glibc's defaults re-fault the freed activations page by page (42-124 k here)
-    assert retained < default // 4  # 0-5 k here: the heap is warm after the first steps
+    # Six steps allocate and free ~370 k pages in all (4 layers of 25 MB and 12 MB activations each).
+    # glibc's defaults fault 6-125 k of them in again, depending on where its dynamic mmap threshold
+    # stands; retained, the heap is warm after the first steps: 0-6 k here, bounded at two activations.
+    retained = faults("retain")
+    bound = 2 * 2048 * 3072 * 4 // 4096
+    assert retained <= bound, f"{retained} page faults in six warm steps ({faults('default')} by default)"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
@@ -21,7 +21,7 @@ class OfflineWorkload:
     max_input_len: int = 1024
     min_output_len: int = 100
     max_output_len: int = 1024
-    max_token_id: int = 10000
+    max_token_id: int = field(default=10000, metadata={"help": "prompt token ids are drawn from [0, this]"})
     temperature: float = 0.6
     seed: int = 0
     ignore_eos: bool = True

@@ -8,8 +8,10 @@ import json
 import os
 import random
 import sys
+from dataclasses import fields
 from typing import Any
 
+from skiff.bench.offline import OfflineWorkload
 from skiff.commands.serve import add_engine_arguments, engine_config
 
 
@@ -18,17 +20,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     off = sub.add_parser("offline", help="throughput of the in-process engine on the seed's workload")
     add_engine_arguments(off)
     w = off.add_argument_group("workload (defaults: the seed's benchmark)")
-    w.add_argument("--num-seqs", type=int, default=256)
-    w.add_argument("--min-input-len", type=int, default=100)
-    w.add_argument("--max-input-len", type=int, default=1024)
-    w.add_argument("--min-output-len", type=int, default=100)
-    w.add_argument("--max-output-len", type=int, default=1024)
-    w.add_argument(
-        "--max-token-id", type=int, default=10000, help="prompt token ids are drawn from [0, this]"
-    )
-    w.add_argument("--temperature", type=float, default=0.6)
-    w.add_argument("--seed", type=int, default=0)
-    w.add_argument("--no-ignore-eos", action="store_true")
+    for f in fields(OfflineWorkload):
+        if isinstance(f.default, bool):  # the default is on: the flag turns it off
+            w.add_argument(f"--no-{f.name.replace('_', '-')}", dest=f.name, action="store_false")
+        else:
+            w.add_argument(
+                f"--{f.name.replace('_', '-')}", type=type(f.default), default=f.default, **f.metadata
+            )
     w.add_argument("--no-warmup", action="store_true")
     w.add_argument("--output-json", default=None)
 
@@ -73,22 +71,12 @@ def _write(path: str | None, data: dict[str, Any]) -> None:
 
 
 def run_offline_cmd(args: argparse.Namespace) -> int:
-    from skiff.bench.offline import OfflineWorkload, run_offline
+    from skiff.bench.offline import run_offline
 
     cfg = engine_config(args)
     kwargs = {k: v for k, v in vars(cfg).items() if k not in ("model", "tokenizer")}
     kwargs.update(model=cfg.model, tokenizer=cfg.tokenizer)
-    wl = OfflineWorkload(
-        args.num_seqs,
-        args.min_input_len,
-        args.max_input_len,
-        args.min_output_len,
-        args.max_output_len,
-        args.max_token_id,
-        args.temperature,
-        args.seed,
-        not args.no_ignore_eos,
-    )
+    wl = OfflineWorkload(**{f.name: getattr(args, f.name) for f in fields(OfflineWorkload)})
     res = run_offline(wl, kwargs, warmup=not args.no_warmup)
     print(
         f"{res['output_tokens']} output tokens ({res['input_tokens']} input) in {res['wall_seconds']:.2f} s: "

@@ -1,84 +1,62 @@
-"""Engine: the scheduler, the model runner and the sampler behind one step() call (rank 0 of TP)."""
+"""Engine: the scheduler, the model runner and the sampler behind one step() call (rank 0 of TP).
+
+One loop serves both modes. With a lag of 1 (overlap scheduling, CUDA) the host schedules and launches
+batch k+1 while the GPU still runs batch k: after batch k is launched, its requests are advanced
+optimistically (kv_len moves past the computed tokens, each sampling request gets a placeholder output
+token `-(row + 1)` naming its row in batch k's sampled tokens, which stay on the GPU). Batch k+1 is then
+scheduled as if k were done; one GPU gather replaces its placeholders with batch k's tokens in stream order.
+Only then does the host wait for batch k's tokens, fill the placeholders in and finish requests. With a lag
+of 0 the same launch is completed at once.
+
+A request that finishes in batch k was already part of batch k+1: its k+1 row is computed and discarded
+(its pages are freed after k+1 was enqueued, and every later batch runs after k+1 on the same stream).
+Penalties read the previous token on the host: while a request with penalties is pending, the next batch
+is scheduled only after the pending one completed.
+"""
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from skiff.config import EngineConfig
-from skiff.distributed.parallel import destroy_tensor_parallel, init_tensor_parallel
-from skiff.engine.forward_batch import slots_for
-from skiff.engine.host_memory import retain_freed_heap
-from skiff.engine.model_runner import ModelRunner, resolve_device, resolve_dtype
-from skiff.engine.plan import make_plan, plan_to_batch
-from skiff.engine.sampler import sample, sample_on_host
+from skiff.distributed.parallel import destroy_tensor_parallel
+from skiff.engine.loading import checkpoint_dir, eos_token_ids, load_runner
+from skiff.engine.plan import StepPlan, StopFollowers, make_plan, plan_to_batch, prompt_plan
+from skiff.engine.sampler import DeviceSample, HostSample, SampleInputs, sample, sample_device
+from skiff.engine.stats import EngineStats
 from skiff.engine.tp_workers import PlanPublisher, free_port, spawn_followers
 from skiff.kvcache.manager import CACHE_MANAGERS
-from skiff.loader import read_config, resolve_model_path
-from skiff.loader.checkpoint import gguf_as_hf_dir
-from skiff.models import ModelConfig
-from skiff.outputs import StepOutput
+from skiff.outputs import FinishReason, StepOutput
 from skiff.params import InvalidRequest, SamplingParams
 from skiff.scheduler.request import Req
 from skiff.scheduler.scheduler import ScheduleBatch, Scheduler
-from skiff.tokenizer import cache_dir
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class EngineStats:
-    num_running: int
-    num_queued: int
-    total_pages: int
-    free_pages: int
-    cached_pages: int
-    used_pages: int  # private pages of live requests
-    token_usage: float  # share of the pool not free
-    cache_hit_tokens: int
-    prompt_tokens: int
-    generation_tokens: int
-    num_preemptions: int
-    page_size: int
+class Launched:
+    """A batch whose forward and sampling are enqueued; its tokens are read in `_complete`."""
 
-    @property
-    def cache_hit_rate(self) -> float:
-        return self.cache_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+    sample: DeviceSample | HostSample | None
+    rows: list[tuple[int, Req, int]]  # (row in the sampled tokens, request, index of its placeholder)
 
 
-def checkpoint_dir(cfg: EngineConfig) -> tuple[Path, Path]:
-    """(original model path, path to load weights from): GGUF files load through a dequantized cache."""
-    path = resolve_model_path(cfg.model)
-    if path.is_file() and path.suffix == ".gguf":
-        return path, gguf_as_hf_dir(path, cache_dir()) or path
-    return path, path
+def resolve_placeholders(ids: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """ids with every -(i + 1) replaced by tokens[i], on the device."""
+    pending = ids < 0
+    return torch.where(pending, tokens[(-ids - 1).clamp_(min=0)], ids)
 
 
-def load_runner(cfg: EngineConfig, rank: int, dist_port: int | None) -> ModelRunner:
-    device = resolve_device(cfg)
-    if device.type == "cuda" and cfg.tp > 1:
-        device = torch.device("cuda", rank)
-    if device.type == "cpu":
-        torch.set_num_threads(cfg.num_threads or max(1, torch.get_num_threads() // cfg.tp))
-        retain_freed_heap()
-    init_tensor_parallel(rank, cfg.tp, dist_port or 0, device)
-    _, weights = checkpoint_dir(cfg)
-    raw = read_config(weights)
-    return ModelRunner(cfg, weights, raw, ModelConfig.from_hf(raw), device, resolve_dtype(cfg, device))
-
-
-def _eos_ids(model_cfg: ModelConfig, weights: Path) -> list[int]:
-    ids = set(model_cfg.eos_token_ids)
-    gen = weights / "generation_config.json" if weights.is_dir() else None
-    if gen is not None and gen.is_file():
-        eos = json.loads(gen.read_text()).get("eos_token_id")
-        ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
-    return sorted(ids)
+def schedule_lag(cfg: EngineConfig, device: torch.device) -> int:
+    """1: overlap scheduling. TP followers replay plans with real ids, so tp > 1 runs with a lag of 0."""
+    if cfg.disable_overlap or cfg.tp > 1:
+        return 0
+    return 1 if device.type == "cuda" or cfg.overlap_on_cpu else 0
 
 
 class Engine:
@@ -96,21 +74,18 @@ class Engine:
             self.publisher.wait_for_followers(self.followers)
         self.model_path, weights = checkpoint_dir(cfg)
         self.model_config = self.runner.model_cfg
-        self.eos_token_ids = _eos_ids(self.model_config, weights)
+        self.eos_token_ids = eos_token_ids(self.model_config, weights)
         self.max_context_len = min(
             cfg.context_length or self.model_config.max_position, self.model_config.max_position
         )
         self.cache = CACHE_MANAGERS[cfg.cache](self.runner.num_pages, cfg.page_size)
         self.scheduler = Scheduler(cfg, self.cache)
+        self.lag = schedule_lag(cfg, self.runner.device)
+        self._pending: Launched | None = None
         self._arrivals = 0
         self._finished: list[StepOutput] = []
         self.prompt_tokens = self.cache_hit_tokens = self.generation_tokens = 0
         self.closed = False
-        self.overlap = None
-        if not cfg.disable_overlap and self.runner.device.type == "cuda" and cfg.tp == 1:
-            from skiff.engine.overlap import OverlapLoop
-
-            self.overlap = OverlapLoop(self)
 
     # ------------------------------------------------------------------------------------------ requests
     def add_request(self, rid: str, input_ids: list[int], params: SamplingParams) -> None:
@@ -139,106 +114,113 @@ class Engine:
     def abort_request(self, rid: str) -> None:
         r = self.scheduler.remove(rid)
         if r is not None:
-            r.finish_reason = "abort"
-            self._finished.append(self._output(r, [], "abort"))
+            self._finished.append(self._end(r, "abort"))
 
     @property
     def has_work(self) -> bool:
-        pending = self.overlap is not None and self.overlap.pending is not None
-        return bool(self.scheduler.waiting or self.scheduler.running or self._finished or pending)
+        s = self.scheduler
+        return bool(s.waiting or s.running or self._finished or self._pending is not None)
 
     # ------------------------------------------------------------------------------------------ stepping
     def step(self) -> list[StepOutput]:
         self._check_followers()
-        if self.overlap is not None:
-            return self.overlap.step()
         outputs, self._finished = self._finished, []
+        pending = self._pending
+        if pending is not None and any(r.params.needs_penalties for _, r, _ in pending.rows):
+            outputs.extend(self._complete(pending))
+            pending = None
         batch = self.scheduler.schedule()
         for r in self.scheduler.starved:
             self.scheduler.finish(r)
-            outputs.append(self._output(r, [], "length"))
+            outputs.append(self._end(r, "length"))
         self.scheduler.starved.clear()
-        if batch is None:
-            return outputs
-        logits = self._forward(make_plan(batch, self.cfg.page_size))
-        outputs.extend(self._process(batch, logits))
+        launched = self._launch(batch, pending) if batch is not None else None
+        if pending is not None:
+            outputs.extend(self._complete(pending))
+        if launched is not None and self.lag == 0:
+            outputs.extend(self._complete(launched))
+            launched = None
+        self._pending = launched
         return outputs
 
-    def _forward(self, plan: dict) -> torch.Tensor:
+    def _forward(self, plan: StepPlan, previous: Launched | None = None) -> torch.Tensor:
         if self.publisher is not None:
             self.publisher.publish(plan)
-        return self.runner.forward(plan_to_batch(plan, self.cfg.page_size, self.runner.device))
+        batch = plan_to_batch(plan, self.cfg.page_size, self.runner.device)
+        if previous is not None and previous.sample is not None and min(plan.ids) < 0:
+            batch.input_ids = resolve_placeholders(batch.input_ids, previous.sample.tokens)
+        return self.runner.forward(batch)
 
-    def _process(self, batch: ScheduleBatch, logits: torch.Tensor) -> list[StepOutput]:
-        sampling = [s for s in batch.seqs if s.samples]
-        reqs = [s.req for s in sampling]
-        sampler = sample_on_host if logits.is_cuda else sample
-        result = (
-            sampler(
-                logits,
-                [r.params for r in reqs],
-                [r.generator for r in reqs],
-                [r.prompt_ids for r in reqs],
-                [r.output_ids for r in reqs],
-            )
-            if reqs
-            else None
-        )
+    def _launch(self, batch: ScheduleBatch, previous: Launched | None) -> Launched:
+        logits = self._forward(make_plan(batch, self.cfg.page_size), previous)
+        reqs = [s.req for s in batch.seqs if s.samples]
+        inputs = SampleInputs.of(reqs)
+        sampled = None
+        if reqs:
+            sampled = sample_device(logits, inputs) if logits.is_cuda else HostSample(sample(logits, inputs))
         for s in batch.seqs:
-            s.req.kv_len = s.start + s.q_len
-            if not s.req.prompt_cached and s.req.kv_len >= len(s.req.prompt_ids):
-                s.req.prompt_cached = True
-                self.prompt_tokens += len(s.req.prompt_ids)
-                self.cache_hit_tokens += s.req.cached_tokens
-                self.cache.cache_prompt(s.req)
-        outputs = []
+            r = s.req
+            if r.finish_reason is not None:
+                continue
+            r.kv_len = s.start + s.q_len
+            if not r.prompt_cached and r.kv_len >= len(r.prompt_ids):
+                r.prompt_cached = True
+                self.prompt_tokens += len(r.prompt_ids)
+                self.cache_hit_tokens += r.cached_tokens
+                self.cache.cache_prompt(r)
+        rows = []
         for i, r in enumerate(reqs):
-            assert result is not None
+            if r.finish_reason is None:
+                r.output_ids.append(-(i + 1))
+                rows.append((i, r, len(r.output_ids) - 1))
+        return Launched(sampled, rows)
+
+    def _complete(self, launched: Launched) -> list[StepOutput]:
+        """The one place where sampled tokens become outputs and requests finish."""
+        if launched.sample is None:
+            return []
+        result = launched.sample.resolve()
+        outputs = []
+        for i, r, idx in launched.rows:
+            if r.finish_reason is not None:
+                continue  # finished or aborted after this batch was launched
             token = result.tokens[i]
-            r.output_ids.append(token)
+            r.output_ids[idx] = token
             self.generation_tokens += 1
+            reason = self._finish_reason(r, token, idx + 1)
+            if reason is not None:
+                del r.output_ids[idx + 1 :]  # the placeholder of a batch launched after this one
+                r.finish_reason = reason
+                r.matched_stop = token if reason == "stop" else None
+                if any(x is r for x in self.scheduler.running):
+                    self.scheduler.finish(r)
+                else:
+                    self.scheduler.remove(r.rid)
             lp = [result.logprobs[i]] if result.logprobs is not None and r.params.logprobs else None
             top = (
                 [result.top_logprobs[i]]
                 if result.top_logprobs is not None and r.params.top_logprobs
                 else None
             )
-            reason = self._finish_reason(r, token)
-            if reason is not None:
-                self.scheduler.finish(r)
-            outputs.append(self._output(r, [token], reason, lp, top))
+            prompt, cached = len(r.prompt_ids), r.cached_tokens
+            outputs.append(
+                StepOutput(r.rid, [token], lp, top, reason, r.matched_stop, prompt, cached, idx + 1)
+            )
         return outputs
 
-    def _finish_reason(self, r: Req, token: int, num_output: int | None = None) -> str | None:
+    def _finish_reason(self, r: Req, token: int, num_output: int) -> FinishReason | None:
         p = r.params
         if (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:
-            r.matched_stop = token
             return "stop"
-        n = len(r.output_ids) if num_output is None else num_output  # overlap: placeholders not counted
-        if n >= p.max_tokens or len(r.prompt_ids) + n >= self.max_context_len:
+        if num_output >= p.max_tokens or len(r.prompt_ids) + num_output >= self.max_context_len:
             return "length"
         return None
 
-    def _output(
-        self,
-        r: Req,
-        tokens: list[int],
-        reason: str | None,
-        lp: list[float] | None = None,
-        top: list[dict[int, float]] | None = None,
-        num_output: int | None = None,
-    ) -> StepOutput:
-        return StepOutput(
-            r.rid,
-            tokens,
-            lp,
-            top,
-            reason,
-            r.matched_stop if reason == "stop" else None,  # type: ignore[arg-type]
-            len(r.prompt_ids),
-            r.cached_tokens,
-            len(r.output_ids) if num_output is None else num_output,
-        )
+    def _end(self, r: Req, reason: FinishReason) -> StepOutput:
+        """A request ended outside a step's tokens (aborted, or outgrew the KV pool)."""
+        r.finish_reason = reason
+        done = sum(1 for t in r.output_ids if t >= 0)  # a pending placeholder is not an output
+        return StepOutput(r.rid, [], None, None, reason, None, len(r.prompt_ids), r.cached_tokens, done)
 
     # ------------------------------------------------------------------------------------------ inspection
     def prefill_logits(self, token_ids: list[int]) -> torch.Tensor:
@@ -250,19 +232,7 @@ class Engine:
         if pages is None:
             raise InvalidRequest("the KV cache has no room for this prompt now")
         try:
-            r = Req("prefill_logits", list(token_ids), SamplingParams(), 0, pages=pages)
-            plan = {
-                "op": "forward",
-                "ids": list(token_ids),
-                "pos": list(range(n)),
-                "slots": slots_for(pages, 0, n, self.cfg.page_size),
-                "rows": list(range(n)),
-                "q_lens": [n],
-                "seq_lens": [n],
-                "tables": [r.pages],
-                "nd": 0,
-            }
-            return self._forward(plan)
+            return self._forward(prompt_plan(token_ids, pages, self.cfg.page_size))
         finally:
             self.cache.allocator.free(pages)
 
@@ -299,7 +269,7 @@ class Engine:
         self.closed = True
         if self.publisher is not None:
             if all(p.is_alive() for p in self.followers):
-                self.publisher.publish({"op": "exit"})
+                self.publisher.publish(StopFollowers())
             deadline = time.monotonic() + timeout
             for p in self.followers:
                 p.join(max(0.1, deadline - time.monotonic()))

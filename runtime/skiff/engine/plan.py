@@ -1,20 +1,38 @@
-"""The per-step plan rank 0 sends to the other TP ranks, and its conversion into a ForwardBatch.
+"""The per-step plan: what rank 0 scheduled, as plain token ids and slots, and its ForwardBatch.
 
-Rank 0 alone schedules and samples; the other ranks replay the same forward from this plan (their
-collectives pair up with rank 0's), so every rank writes the same KV slots.
+Rank 0 alone schedules and samples; the other TP ranks replay the same forward from this plan (their
+collectives pair up with rank 0's), so every rank writes the same KV slots. A negative input id is an
+overlap placeholder: -(i + 1) stands for row i of the previous batch's sampled tokens (engine.py).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
+import msgspec
 import torch
 
 from skiff.engine.forward_batch import ForwardBatch, slots_for
 from skiff.scheduler.scheduler import ScheduleBatch
 
 
-def make_plan(batch: ScheduleBatch, page_size: int) -> dict[str, Any]:
+class StepPlan(msgspec.Struct, frozen=True, array_like=True, tag="step"):
+    ids: list[int]  # input token ids, decode rows first
+    positions: list[int]
+    slots: list[int]  # KV-pool slot of each input token
+    logit_rows: list[int]  # rows of ids whose next-token logits are needed
+    q_lens: list[int]
+    seq_lens: list[int]
+    page_tables: list[list[int]]
+    num_decode: int
+
+
+class StopFollowers(msgspec.Struct, frozen=True, array_like=True, tag="stop"):
+    """Rank 0 -> followers: the engine shuts down."""
+
+
+FollowerMessage = StepPlan | StopFollowers
+
+
+def make_plan(batch: ScheduleBatch, page_size: int) -> StepPlan:
     ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -30,54 +48,46 @@ def make_plan(batch: ScheduleBatch, page_size: int) -> dict[str, Any]:
         slots.extend(slots_for(r.pages, s.start, end, page_size))
         if s.samples:
             rows.append(len(ids) - 1)
-    return {
-        "op": "forward",
-        "ids": ids,
-        "pos": positions,
-        "slots": slots,
-        "rows": rows,
-        "q_lens": [s.q_len for s in batch.seqs],
-        "seq_lens": [s.start + s.q_len for s in batch.seqs],
-        "tables": [s.req.pages for s in batch.seqs],
-        "nd": batch.num_decode,
-    }
-
-
-def plan_to_batch(plan: dict[str, Any], page_size: int, device: torch.device) -> ForwardBatch:
-    if device.type == "cuda":
-        return _plan_to_cuda_batch(plan, page_size, device)
-
-    def t(xs: list[int]) -> torch.Tensor:
-        return torch.tensor(xs, dtype=torch.int64).to(device, non_blocking=True)
-
-    return ForwardBatch(
-        input_ids=t(plan["ids"]),
-        positions=t(plan["pos"]),
-        out_slots=t(plan["slots"]),
-        q_lens=plan["q_lens"],
-        seq_lens=plan["seq_lens"],
-        page_tables=plan["tables"],
-        num_decode=plan["nd"],
-        logit_rows=t(plan["rows"]),
-        page_size=page_size,
+    return StepPlan(
+        ids=ids,
+        positions=positions,
+        slots=slots,
+        logit_rows=rows,
+        q_lens=[s.q_len for s in batch.seqs],
+        seq_lens=[s.start + s.q_len for s in batch.seqs],
+        page_tables=[s.req.pages for s in batch.seqs],
+        num_decode=batch.num_decode,
     )
 
 
-def _plan_to_cuda_batch(plan: dict[str, Any], page_size: int, device: torch.device) -> ForwardBatch:
-    """One pinned host buffer, one asynchronous copy: the host never waits for the GPU here."""
-    n, r = len(plan["ids"]), len(plan["rows"])
-    host = torch.tensor(
-        plan["ids"] + plan["pos"] + plan["slots"] + plan["rows"], dtype=torch.int64
-    ).pin_memory()
-    dev = host.to(device, non_blocking=True)
+def prompt_plan(token_ids: list[int], pages: list[int], page_size: int) -> StepPlan:
+    """One prefill of a whole prompt with logits at every position."""
+    n = len(token_ids)
+    return StepPlan(
+        ids=list(token_ids),
+        positions=list(range(n)),
+        slots=slots_for(pages, 0, n, page_size),
+        logit_rows=list(range(n)),
+        q_lens=[n],
+        seq_lens=[n],
+        page_tables=[pages],
+        num_decode=0,
+    )
+
+
+def plan_to_batch(plan: StepPlan, page_size: int, device: torch.device) -> ForwardBatch:
+    """One host buffer, one copy (pinned and asynchronous on CUDA: the host never waits for the GPU here)."""
+    n, r = len(plan.ids), len(plan.logit_rows)
+    host = torch.tensor(plan.ids + plan.positions + plan.slots + plan.logit_rows, dtype=torch.int64)
+    dev = host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
     return ForwardBatch(
         input_ids=dev[:n],
         positions=dev[n : 2 * n],
         out_slots=dev[2 * n : 3 * n],
-        q_lens=plan["q_lens"],
-        seq_lens=plan["seq_lens"],
-        page_tables=plan["tables"],
-        num_decode=plan["nd"],
+        q_lens=plan.q_lens,
+        seq_lens=plan.seq_lens,
+        page_tables=plan.page_tables,
+        num_decode=plan.num_decode,
         logit_rows=dev[3 * n : 3 * n + r],
         page_size=page_size,
     )

@@ -7,13 +7,18 @@ own generator (so a seed reproduces the same text whatever else is in the batch)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from skiff.kernels import cpu as cpu_kernels
 from skiff.layers import fused
 from skiff.params import SamplingParams
+
+if TYPE_CHECKING:
+    from skiff.scheduler.request import Req
 
 
 @dataclass
@@ -71,20 +76,62 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     return cpu_kernels.ops().argmax_rows(logits) if cpu_kernels.usable(logits) else logits.argmax(dim=-1)
 
 
-def sample(
-    logits: torch.Tensor,
+@dataclass(frozen=True)
+class SampleInputs:
+    """Per sampled row: its parameters, seeded generator, prompt and output so far (for penalties)."""
+
+    params: list[SamplingParams]
+    generators: list[torch.Generator | None]
+    prompts: list[list[int]]
+    outputs: list[list[int]]
+
+    @classmethod
+    def of(cls, reqs: Sequence[Req]) -> SampleInputs:
+        return cls(
+            [r.params for r in reqs],
+            [r.generator for r in reqs],
+            [r.prompt_ids for r in reqs],
+            [r.output_ids for r in reqs],
+        )
+
+
+def _penalized(logits: torch.Tensor, inputs: SampleInputs) -> torch.Tensor:
+    if not any(p.needs_penalties for p in inputs.params):
+        return logits
+    logits = logits.clone()  # an inference tensor (and maybe a CUDA graph's output): not updated in place
+    apply_penalties(logits, inputs.params, inputs.prompts, inputs.outputs)
+    return logits
+
+
+def _raw_logprobs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor | None:
+    return torch.log_softmax(logits, dim=-1) if any(p.logprobs or p.top_logprobs for p in params) else None
+
+
+def _result(
+    tokens: torch.Tensor,
+    host_tokens: list[int],
+    raw_logprobs: torch.Tensor | None,
     params: list[SamplingParams],
-    generators: list[torch.Generator | None],
-    prompts: list[list[int]],
-    outputs: list[list[int]],
 ) -> SampleResult:
-    """logits: [N, V] float32 (modified in place by penalties)."""
-    n = logits.shape[0]
-    want_logprobs = any(p.logprobs or p.top_logprobs for p in params)
-    raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
-    if any(p.needs_penalties for p in params):
-        logits = logits.clone()  # the runner's logits are inference tensors: no in-place update outside it
-        apply_penalties(logits, params, prompts, outputs)
+    if raw_logprobs is None:
+        return SampleResult(host_tokens, None, None)
+    chosen = raw_logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
+    tops: list[dict[int, float]] = [{} for _ in host_tokens]
+    width = max(p.top_logprobs for p in params)
+    if width:
+        values, ids = raw_logprobs.topk(width, dim=-1)
+        for i, p in enumerate(params):
+            if p.top_logprobs:
+                n = p.top_logprobs
+                tops[i] = dict(zip(ids[i, :n].tolist(), values[i, :n].tolist(), strict=True))
+    return SampleResult(host_tokens, chosen, tops)
+
+
+def sample(logits: torch.Tensor, inputs: SampleInputs) -> SampleResult:
+    """The CPU sampler. logits: [N, V] float32."""
+    params = inputs.params
+    raw_logprobs = _raw_logprobs(logits, params)
+    logits = _penalized(logits, inputs)
     tokens = greedy_tokens(logits)
     sampled = [i for i, p in enumerate(params) if not p.greedy]
     if sampled:
@@ -92,23 +139,24 @@ def sample(
         probs = _filter(logits[idx], [params[i] for i in sampled])
         noise = torch.empty_like(probs)
         for row, i in enumerate(sampled):
-            noise[row].exponential_(generator=generators[i])
+            noise[row].exponential_(generator=inputs.generators[i])
         # exponential race: argmax p_i / E_i with E_i ~ Exp(1) draws i with probability p_i
         tokens[idx] = (probs / noise).argmax(dim=-1)
-    token_list = tokens.tolist()
-    if raw_logprobs is None:
-        return SampleResult(token_list, None, None)
-    chosen = raw_logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1).tolist()
-    tops: list[dict[int, float]] = [{} for _ in range(n)]
-    width = max(p.top_logprobs for p in params)
-    if width:
-        values, ids = raw_logprobs.topk(width, dim=-1)
-        for i, p in enumerate(params):
-            if p.top_logprobs:
-                tops[i] = dict(
-                    zip(ids[i, : p.top_logprobs].tolist(), values[i, : p.top_logprobs].tolist(), strict=True)
-                )
-    return SampleResult(token_list, chosen, tops)
+    return _result(tokens, tokens.tolist(), raw_logprobs, params)
+
+
+@dataclass
+class HostSample:
+    """A sample already on the host (the CPU sampler's), with the interface of a pending DeviceSample."""
+
+    result: SampleResult
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        return torch.tensor(self.result.tokens, dtype=torch.int64)
+
+    def resolve(self) -> SampleResult:
+        return self.result
 
 
 # ------------------------------------------------------------------------------------------ GPU path
@@ -142,39 +190,14 @@ class DeviceSample:
     def resolve(self) -> SampleResult:
         if self.done is not None:
             self.done.synchronize()
-        token_list = self.host.tolist()
-        if self.logprobs is None:
-            return SampleResult(token_list, None, None)
-        chosen = self.logprobs.gather(1, self.tokens.unsqueeze(1)).squeeze(1).tolist()
-        tops: list[dict[int, float]] = [{} for _ in token_list]
-        width = max(p.top_logprobs for p in self.params)
-        if width:
-            values, ids = self.logprobs.topk(width, dim=-1)
-            for i, p in enumerate(self.params):
-                if p.top_logprobs:
-                    tops[i] = dict(
-                        zip(
-                            ids[i, : p.top_logprobs].tolist(),
-                            values[i, : p.top_logprobs].tolist(),
-                            strict=True,
-                        )
-                    )
-        return SampleResult(token_list, chosen, tops)
+        return _result(self.tokens, self.host.tolist(), self.logprobs, self.params)
 
 
-def sample_device(
-    logits: torch.Tensor,
-    params: list[SamplingParams],
-    generators: list[torch.Generator | None],
-    prompts: list[list[int]],
-    outputs: list[list[int]],
-) -> DeviceSample:
+def sample_device(logits: torch.Tensor, inputs: SampleInputs) -> DeviceSample:
     """The GPU sampler: same distribution as `sample`, one noise draw for unseeded rows, no host sync."""
-    want_logprobs = any(p.logprobs or p.top_logprobs for p in params)
-    raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
-    if any(p.needs_penalties for p in params):
-        logits = logits.clone()  # an inference tensor (and maybe a CUDA graph's output): not updated in place
-        apply_penalties(logits, params, prompts, outputs)
+    params, generators = inputs.params, inputs.generators
+    raw_logprobs = _raw_logprobs(logits, params)
+    logits = _penalized(logits, inputs)
     sampled = [i for i, p in enumerate(params) if not p.greedy]
     if len(sampled) == len(params):
         tokens = _sample_rows(logits, params, generators)
@@ -222,14 +245,3 @@ def _sample_rows(
         for row, g in enumerate(generators):
             noise[row].exponential_(generator=g)
     return (probs / noise).argmax(dim=-1)
-
-
-def sample_on_host(
-    logits: torch.Tensor,
-    params: list[SamplingParams],
-    generators: list[torch.Generator | None],
-    prompts: list[list[int]],
-    outputs: list[list[int]],
-) -> SampleResult:
-    """GPU logits, results on the host now (no overlap)."""
-    return sample_device(logits, params, generators, prompts, outputs).resolve()

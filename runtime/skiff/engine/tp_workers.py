@@ -11,12 +11,13 @@ import multiprocessing as mp
 import os
 import socket
 from dataclasses import replace
-from typing import Any
 
-import msgpack
+import msgspec
 import zmq
 
 from skiff.config import EngineConfig
+from skiff.engine.loading import load_runner
+from skiff.engine.plan import FollowerMessage, StopFollowers, plan_to_batch
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,7 @@ class PlanPublisher:
         self.sock.setsockopt(zmq.XPUB_VERBOSE, 1)
         self.port = self.sock.bind_to_random_port("tcp://127.0.0.1")
         self.num_followers = num_followers
+        self.encoder = msgspec.msgpack.Encoder()
 
     def wait_for_followers(self, procs: list[mp.process.BaseProcess], timeout_s: float = 600.0) -> None:
         joined = 0
@@ -51,8 +53,8 @@ class PlanPublisher:
                 if waited > timeout_s:
                     raise TimeoutError("tensor-parallel followers did not subscribe in time")
 
-    def publish(self, plan: dict[str, Any]) -> None:
-        self.sock.send(msgpack.packb(plan))
+    def publish(self, message: FollowerMessage) -> None:
+        self.sock.send(self.encoder.encode(message))
 
     def close(self) -> None:
         self.sock.close(linger=1000)
@@ -74,21 +76,19 @@ def spawn_followers(cfg: EngineConfig, dist_port: int, plan_port: int) -> list[m
 
 
 def follower_main(cfg: EngineConfig, rank: int, dist_port: int, plan_port: int) -> None:
-    from skiff.engine.engine import load_runner
-    from skiff.engine.plan import plan_to_batch
-
     runner = load_runner(cfg, rank, dist_port)
     sock = zmq.Context.instance().socket(zmq.SUB)
     sock.setsockopt(zmq.SUBSCRIBE, b"")
     sock.connect(f"tcp://127.0.0.1:{plan_port}")
     parent = os.getppid()
+    decoder = msgspec.msgpack.Decoder(FollowerMessage)
     while True:
         if not sock.poll(1000):
             if os.getppid() != parent:  # rank 0 died without saying goodbye: do not linger as an orphan
                 break
             continue
-        plan = msgpack.unpackb(sock.recv())
-        if plan["op"] == "exit":
+        plan = decoder.decode(sock.recv())
+        if isinstance(plan, StopFollowers):
             break
         runner.forward(plan_to_batch(plan, cfg.page_size, runner.device))
     sock.close(linger=0)
