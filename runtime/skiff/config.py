@@ -39,6 +39,9 @@ class EngineConfig:
     disable_overlap: bool = field(
         default_factory=lambda: os.environ.get("SKIFF_DISABLE_OVERLAP_SCHEDULING") == "1"
     )
+    null_engine: bool = (
+        False  # benchmarks: steps cost nothing (skiff.engine.null), the serving layer's ceiling
+    )
     overlap_on_cpu: bool = False  # run the overlap (lag 1) loop on CPU too: no gain there, it tests that path
     num_threads: int | None = None  # CPU threads for torch; None: all cores
     seed: int = 0

@@ -155,7 +155,7 @@ async def run_load(
     return list(results), duration
 
 
-def _pct(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
     if not values:
         return 0.0
     s = sorted(values)
@@ -167,7 +167,7 @@ def _pct(values: list[float], q: float) -> float:
 def _dist(values: list[float], scale: float = 1000.0) -> dict[str, float]:
     return {
         "mean": scale * sum(values) / len(values) if values else 0.0,
-        **{f"p{q}": scale * _pct(values, q) for q in (50, 90, 99)},
+        **{f"p{q}": scale * percentile(values, q) for q in (50, 90, 99)},
     }
 
 

@@ -8,7 +8,7 @@ import json
 import os
 import random
 import sys
-from dataclasses import fields
+from dataclasses import asdict, fields
 from typing import Any
 
 from skiff.bench.offline import OfflineWorkload
@@ -53,6 +53,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--request-rate", type=float, default=float("inf"), help="requests/s (Poisson); inf: all at once"
     )
     srv.add_argument("--max-concurrency", type=int, default=None)
+    srv.add_argument(
+        "--num-clients",
+        type=int,
+        default=1,
+        help="client processes sharing the load (each its own event loop)",
+    )
     srv.add_argument("--temperature", type=float, default=0.0)
     srv.add_argument("--no-ignore-eos", action="store_true")
     srv.add_argument("--warmup-requests", type=int, default=1)
@@ -104,6 +110,7 @@ def run_serve_cmd(args: argparse.Namespace) -> int:
     import httpx
 
     from skiff.bench import serve_client as sc
+    from skiff.bench.load_clients import run_clients, saturation_note
     from skiff.bench.workloads import PromptMaker, random_workload, shared_prefix_workload
 
     model = args.model
@@ -151,13 +158,22 @@ def run_serve_cmd(args: argparse.Namespace) -> int:
             for r in reqs[: args.warmup_requests]
         ]
         asyncio.run(sc.run_load(target, warm, float("inf"), None, args.seed, progress=False))
-    results, duration = asyncio.run(
-        sc.run_load(
-            target, reqs, args.request_rate, args.max_concurrency, args.seed, progress=not args.no_progress
-        )
+    results, duration, clients = run_clients(
+        target,
+        reqs,
+        args.request_rate,
+        args.max_concurrency,
+        args.seed,
+        num_clients=args.num_clients,
+        progress=not args.no_progress,
     )
     summary = sc.summarize(results, duration)
+    summary["clients"] = [{**asdict(c), "saturated": c.saturated} for c in clients]
+    summary["client_saturated"] = any(c.saturated for c in clients)
     print(sc.format_summary(summary))
+    note = saturation_note(clients)
+    if note:
+        print(note, file=sys.stderr)
     config = {k: v for k, v in vars(args).items() if k not in ("api_key", "func")}
     config["model"] = model
     config["request_rate"] = str(args.request_rate)

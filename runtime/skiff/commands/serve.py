@@ -59,6 +59,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--disable-radix-cache", action="store_true", help="use the naive (no prefix sharing) cache"
     )
     g.add_argument("--disable-overlap-schedule", action="store_true")
+    g.add_argument(
+        "--null-engine",
+        action="store_true",
+        help="benchmarks: no model runs, each step gives every request its next token at no cost",
+    )
     g.add_argument("--schedule-policy", default=d.schedule_policy, choices=["fcfs", "priority"])
     g.add_argument("--num-threads", type=int, default=None, help="CPU threads for torch")
     g.add_argument("--random-seed", dest="seed", type=int, default=d.seed)
@@ -88,6 +93,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         cuda_graph_max_bs=args.cuda_graph_max_bs,
         disable_overlap=args.disable_overlap_schedule
         or os.environ.get("SKIFF_DISABLE_OVERLAP_SCHEDULING") == "1",
+        null_engine=args.null_engine,
         num_threads=args.num_threads,
         seed=args.seed,
     )

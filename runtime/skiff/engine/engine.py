@@ -24,6 +24,7 @@ import torch
 
 from skiff.config import EngineConfig
 from skiff.distributed.parallel import destroy_tensor_parallel
+from skiff.engine.admission import check_prompt
 from skiff.engine.loading import checkpoint_dir, eos_token_ids, load_runner
 from skiff.engine.plan import StepPlan, StopFollowers, make_plan, plan_to_batch, prompt_plan
 from skiff.engine.sampler import DeviceSample, HostSample, SampleInputs, sample, sample_device
@@ -89,21 +90,8 @@ class Engine:
 
     # ------------------------------------------------------------------------------------------ requests
     def add_request(self, rid: str, input_ids: list[int], params: SamplingParams) -> None:
-        if not input_ids:
-            raise InvalidRequest("the prompt is empty: at least one token is required")
-        if len(input_ids) >= self.max_context_len:
-            raise InvalidRequest(
-                f"the prompt has {len(input_ids)} tokens, but the context length is "
-                f"{self.max_context_len} (prompt plus at least one generated token)"
-            )
-        vocab = self.model_config.vocab_size
-        if any(not 0 <= t < vocab for t in input_ids):
-            raise InvalidRequest(f"prompt token ids must be in [0, {vocab})")
         capacity = self.cache.total_pages * self.cfg.page_size
-        if len(input_ids) >= capacity:
-            raise InvalidRequest(
-                f"the prompt has {len(input_ids)} tokens, more than the KV cache holds ({capacity})"
-            )
+        check_prompt(input_ids, self.max_context_len, self.model_config.vocab_size, capacity)
         params.validate()
         gen = None
         if params.seed is not None and not params.greedy:

@@ -171,9 +171,14 @@ def run_scheduler(args: ServerArgs, endpoints: P.Endpoints) -> None:
     ctx = zmq.Context()
     to_api = P.outbox(ctx, endpoints.api)
     try:
-        from skiff.engine.engine import Engine
+        if args.engine.null_engine:
+            from skiff.engine.null import NullEngine
 
-        engine = Engine(args.engine)
+            engine: Any = NullEngine(args.engine)
+        else:
+            from skiff.engine.engine import Engine
+
+            engine = Engine(args.engine)
     except Exception as e:
         _die(to_api, e)
         sys.exit(1)

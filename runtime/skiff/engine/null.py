@@ -1,0 +1,118 @@
+"""An engine without a model, for measuring the serving layer: a step costs nothing.
+
+It keeps the Engine's interface and admission rules. Each step gives every running request its next token,
+cycling through the request's own prompt ids, so the detokenizer and the API server handle real text.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from skiff.config import EngineConfig
+from skiff.engine.admission import check_prompt
+from skiff.engine.loading import checkpoint_dir, eos_token_ids
+from skiff.engine.stats import EngineStats
+from skiff.loader import read_config
+from skiff.models import ModelConfig
+from skiff.outputs import FinishReason, StepOutput
+from skiff.params import SamplingParams
+
+
+@dataclass
+class Stream:
+    rid: str
+    prompt: list[int]
+    params: SamplingParams
+    produced: int = 0
+
+    def next_token(self) -> int:
+        token = self.prompt[self.produced % len(self.prompt)]
+        self.produced += 1
+        return token
+
+
+class NullEngine:
+    def __init__(self, cfg: EngineConfig) -> None:
+        self.cfg = cfg
+        self.model_path, weights = checkpoint_dir(cfg)
+        self.model_config = ModelConfig.from_hf(read_config(weights))
+        self.eos_token_ids = eos_token_ids(self.model_config, weights)
+        self.max_context_len = min(
+            cfg.context_length or self.model_config.max_position, self.model_config.max_position
+        )
+        self.waiting: deque[Stream] = deque()
+        self.running: dict[str, Stream] = {}
+        self._finished: list[StepOutput] = []
+        self.prompt_tokens = self.generation_tokens = 0
+        self.closed = False
+
+    def add_request(self, rid: str, input_ids: list[int], params: SamplingParams) -> None:
+        check_prompt(input_ids, self.max_context_len, self.model_config.vocab_size, self.max_context_len + 1)
+        params.validate()
+        self.waiting.append(Stream(rid, list(input_ids), params))
+
+    def abort_request(self, rid: str) -> None:
+        s = self.running.pop(rid, None)
+        if s is None:
+            s = next((w for w in self.waiting if w.rid == rid), None)
+            if s is None:
+                return
+            self.waiting.remove(s)
+        self._finished.append(StepOutput(s.rid, [], None, None, "abort", None, len(s.prompt), 0, s.produced))
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self._finished)
+
+    def step(self) -> list[StepOutput]:
+        outputs, self._finished = self._finished, []
+        while self.waiting and len(self.running) < self.cfg.max_running_requests:
+            s = self.waiting.popleft()
+            self.running[s.rid] = s
+            self.prompt_tokens += len(s.prompt)
+        done = []
+        for s in self.running.values():
+            token = s.next_token()
+            reason = self._finish_reason(s, token)
+            p = s.params
+            lp = [0.0] if p.logprobs else None
+            top = [{token: 0.0}] if p.top_logprobs else None
+            matched = token if reason == "stop" else None
+            outputs.append(StepOutput(s.rid, [token], lp, top, reason, matched, len(s.prompt), 0, s.produced))
+            if reason is not None:
+                done.append(s.rid)
+        for rid in done:
+            del self.running[rid]
+        self.generation_tokens += len(outputs)
+        return outputs
+
+    def _finish_reason(self, s: Stream, token: int) -> FinishReason | None:
+        p = s.params
+        if (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:
+            return "stop"
+        if s.produced >= p.max_tokens or len(s.prompt) + s.produced >= self.max_context_len:
+            return "length"
+        return None
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_running=len(self.running),
+            num_queued=len(self.waiting),
+            total_pages=0,
+            free_pages=0,
+            cached_pages=0,
+            used_pages=0,
+            token_usage=0.0,
+            cache_hit_tokens=0,
+            prompt_tokens=self.prompt_tokens,
+            generation_tokens=self.generation_tokens,
+            num_preemptions=0,
+            page_size=self.cfg.page_size,
+        )
+
+    def check_integrity(self) -> None:
+        """No pages to account for."""
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self.closed = True
