@@ -118,14 +118,9 @@ def free(*engines: Any) -> None:
         torch.cuda.empty_cache()
 
 
-def make_engine(path: Path, bench: Bench, **overrides: Any) -> tuple[Any, dict[str, Any]]:
-    """An engine on the fast path (FlashInfer, CUDA graphs, overlap); if that cannot be built, the same
-    without graphs, then with the torch backend, so one broken piece still leaves numbers for the rest.
-    Returns the engine and {"config": what it was built with, "fallbacks": the errors on the way}."""
-    from skiff.config import EngineConfig
-    from skiff.engine.engine import Engine
-
-    base: dict[str, Any] = dict(
+def engine_options(path: Path, bench: Bench, **overrides: Any) -> dict[str, Any]:
+    """EngineConfig fields of the fast path (FlashInfer, CUDA graphs, overlap), or the CPU self-test's."""
+    options: dict[str, Any] = dict(
         model=str(path),
         device=bench.device,
         dtype=str(bench.dtype).removeprefix("torch."),
@@ -134,7 +129,17 @@ def make_engine(path: Path, bench: Bench, **overrides: Any) -> tuple[Any, dict[s
         seed=0,
         overlap_on_cpu=bench.cpu,  # the CPU self-test runs the overlap loop too
     )
-    base.update(overrides)
+    return options | overrides
+
+
+def make_engine(path: Path, bench: Bench, **overrides: Any) -> tuple[Any, dict[str, Any]]:
+    """An engine on the fast path; if that cannot be built, the same without graphs, then with the torch
+    backend, so one broken piece still leaves numbers for the rest.
+    Returns the engine and {"config": what it was built with, "fallbacks": the errors on the way}."""
+    from skiff.config import EngineConfig
+    from skiff.engine.engine import Engine
+
+    base = engine_options(path, bench, **overrides)
     attempts = [
         base,
         dict(base, cuda_graph_max_bs=0),
