@@ -12,14 +12,13 @@ Each entry is (strict, counting exact ties, counting near-ties), see hf_referenc
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from harness import Bench, free, generate, hf_config, make_engine, models_dir
+from harness import Bench, free, generate, hf_config, make_engine, models_dir, script_args
 from hf_reference import (
     Trajectories,
     agreement,
@@ -135,11 +134,10 @@ def floor_section(bench: Bench, shape: str, n_prompts: int = 20, n_new: int = 12
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--cpu", action="store_true", help="self-test on tiny shapes, torch backend")
-    ap.add_argument("--shape", action="append", help="model shapes (default: qwen3_0_6b and llama_3_2_1b)")
-    args = ap.parse_args()
-    bench = Bench(cpu=args.cpu)
+    bench, args = script_args(
+        __doc__,
+        lambda ap: ap.add_argument("--shape", action="append", help="default: qwen3_0_6b, llama_3_2_1b"),
+    )
     for shape in args.shape or ["qwen3_0_6b", "llama_3_2_1b"]:
         bench.section(f"agreement_floor_{shape}", floor_section, bench, shape)
     print(json.dumps(bench.results, indent=1, default=str))

@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 import httpx
-from harness import Bench, config_only_dir, out_dir
+from harness import Bench, config_only_dir, out_dir, script_args
 from servers import free_port, start, stop, wait_healthy
 
 SUMMARY_KEYS = (
@@ -105,13 +105,12 @@ def rate_list(value: str) -> list[float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--cpu", action="store_true", help="self-test on the CPU, tiny shape")
-    ap.add_argument("--rates", type=rate_list, default=[8.0, 24.0, 64.0])
-    ap.add_argument("--prompts", type=int, default=400)
-    ap.add_argument("--tokenizer", default=None)
-    args = ap.parse_args()
-    bench = Bench(cpu=args.cpu)
+    def add(ap: argparse.ArgumentParser) -> None:
+        ap.add_argument("--rates", type=rate_list, default=[8.0, 24.0, 64.0])
+        ap.add_argument("--prompts", type=int, default=400)
+        ap.add_argument("--tokenizer", default=None)
+
+    bench, args = script_args(__doc__, add)
     bench.section("serve", serve_section, bench, args.rates, args.prompts, args.tokenizer)
     print_serve(bench.results["serve"])
 

@@ -8,6 +8,7 @@ shapes, fp32 and the torch attention backend (a self-test of the scripts on a ma
 
 from __future__ import annotations
 
+import argparse
 import gc
 import itertools
 import json
@@ -89,6 +90,22 @@ class Bench:
     def sync(self) -> None:
         if not self.cpu:
             torch.cuda.synchronize()
+
+
+def script_args(
+    doc: str, add: Callable[[argparse.ArgumentParser], Any] | None = None
+) -> tuple[Bench, argparse.Namespace]:
+    """A benchmark script's command line: --cpu (the self-test) and what add() puts on the parser."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--cpu", action="store_true", help="self-test on tiny shapes, torch backend")
+    if add is not None:
+        add(ap)
+    args = ap.parse_args()
+    return Bench(cpu=args.cpu), args
+
+
+def shape_arg(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--shape", default="qwen3_0_6b", help="a model shape of model_shapes.json")
 
 
 # ---------------------------------------------------------------------------------------------- models

@@ -7,7 +7,6 @@ launch, complete, the runner's forward enqueue); also the wall time of the prefi
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import time
@@ -15,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from harness import Bench, config_only_dir, free, make_engine, out_dir, warm_up
+from harness import Bench, config_only_dir, free, make_engine, out_dir, script_args, shape_arg, warm_up
 
 STEPS = 30
 CATEGORIES: list[tuple[str, tuple[str, ...]]] = [  # first match wins, on the lower-cased kernel name
@@ -142,11 +141,7 @@ def profile_section(bench: Bench, shape: str, trace: str = "decode_profile_trace
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--cpu", action="store_true", help="self-test on tiny shapes, torch backend")
-    ap.add_argument("--shape", default="qwen3_0_6b")
-    args = ap.parse_args()
-    bench = Bench(cpu=args.cpu)
+    bench, args = script_args(__doc__, shape_arg)
     bench.section("profile_decode", profile_section, bench, args.shape)
     print(json.dumps(bench.results, indent=1, default=str))
 

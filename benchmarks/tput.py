@@ -10,11 +10,21 @@ device-to-device copy bandwidth (gpu_env.py).
 
 from __future__ import annotations
 
-import argparse
 import time
 from typing import Any
 
-from harness import Bench, config_only_dir, free, generate, hf_config, make_engine, offline_workload, warm_up
+from harness import (
+    Bench,
+    config_only_dir,
+    free,
+    generate,
+    hf_config,
+    make_engine,
+    offline_workload,
+    script_args,
+    shape_arg,
+    warm_up,
+)
 
 RUNS = {  # name: (label, engine options)
     "tput_overlap_graphs": ("overlap on, graphs on", {}),
@@ -109,11 +119,7 @@ def print_tput(results: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--cpu", action="store_true", help="self-test on tiny shapes, torch backend")
-    ap.add_argument("--shape", default="qwen3_0_6b")
-    args = ap.parse_args()
-    bench = Bench(cpu=args.cpu)
+    bench, args = script_args(__doc__, shape_arg)
     for name, (label, overrides) in RUNS.items():
         bench.section(name, tput_section, bench, args.shape, label, **overrides)
     print_tput(bench.results)
