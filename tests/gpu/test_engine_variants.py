@@ -11,6 +11,8 @@ parts from the default run, the first token that differs must be a near-tie in H
 
 from __future__ import annotations
 
+from typing import Any
+
 import hf_reference as ref
 import pytest
 from gpu_setup import BARS, gpu_only, requires_device, run_engine
@@ -23,12 +25,14 @@ MODEL = ("qwen3_0_6b", "bfloat16")
 FIRST_DIVERGENCE_GAP = 0.03
 
 
-def assert_parts_only_at_near_ties(r: ref.Trajectories, base, preds, label: str) -> None:
-    far = [d for d in ref.first_divergences(base, r, preds) if d.gap > FIRST_DIVERGENCE_GAP]
+def assert_parts_only_at_near_ties(
+    other: ref.Trajectories, base: ref.Trajectories, base_preds: ref.Preds, label: str
+) -> None:
+    far = [d for d in ref.first_divergences(base, other, base_preds) if d.gap > FIRST_DIVERGENCE_GAP]
     assert not far, f"{label}: runs part where HF does not find a near-tie: {far}"
 
 
-def assert_meets_the_bar(tokens: ref.Trajectories, hf, prompts, label: str) -> None:
+def assert_meets_the_bar(tokens: ref.Trajectories, hf: Any, prompts: ref.Trajectories, label: str) -> None:
     got = ref.agreement(tokens, ref.teacher_forced(hf, prompts, tokens))
     strict, near = BARS[MODEL]
     assert got.strict >= strict and got.near_ties >= near, f"{label}: {got}"
