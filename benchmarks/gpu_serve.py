@@ -16,9 +16,7 @@ import subprocess
 import sys
 from typing import Any
 
-import httpx
 from harness import Bench, config_only_dir, out_dir, script_args
-from servers import free_port, start, stop, wait_healthy
 
 SUMMARY_KEYS = (
     "completed",
@@ -58,6 +56,8 @@ def bench_serve(url: str, tokenizer: str, prompts: int, rate: float, cpu: bool) 
 
 
 def serve_section(bench: Bench, rates: list[float], prompts: int, tokenizer: str | None) -> dict[str, Any]:
+    import httpx  # the serving stack's dependencies: imported only when this section runs
+    from servers import free_port, start, stop, wait_healthy
     from skiff.embedded import embedded_model_path
     from skiff.tokenizer import load_tokenizer
 
