@@ -19,6 +19,7 @@ import platform
 import time
 
 import torch
+from hf_reference import hf_greedy
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -48,19 +49,10 @@ def chat_ids(tokenizer, question: str) -> list[int]:
 
 
 def hf_single_stream(model, prompt: list[int], new_tokens: int) -> float:
-    ids = torch.tensor([prompt])
     t0 = time.perf_counter()
-    with torch.no_grad():
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=new_tokens,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
+    out = hf_greedy(model, prompt, new_tokens)
     dt = time.perf_counter() - t0
-    assert out.shape[1] - len(prompt) == new_tokens
+    assert len(out) == new_tokens
     return new_tokens / dt
 
 

@@ -15,56 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import yaml
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(args: list[str], port: int, log: Path, module: str = "skiff.cli") -> subprocess.Popen:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return subprocess.Popen(
-        [sys.executable, "-m", module, *args, "--port", str(port)],
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args} exited {proc.returncode}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(url)
-
-
-def metric(url: str, name: str) -> float:
-    total = 0.0
-    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
-        series, _, value = line.rpartition(" ")
-        if series.split("{")[0] == name:
-            total += float(value)
-    return total
+from servers import free_port, metric, start, stop, wait_healthy
 
 
 def bench_serve(router: str, seed: int, a: argparse.Namespace, out: Path) -> dict:
@@ -241,14 +199,7 @@ def main() -> int:
             Path(a.json).write_text(json.dumps({"config": vars(a), "results": rows}, indent=2))
         return 0
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop(procs)
 
 
 if __name__ == "__main__":

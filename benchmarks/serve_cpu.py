@@ -15,43 +15,27 @@ import argparse
 import asyncio
 import json
 import random
-import signal
-import socket
 import subprocess
 import sys
 import time
 
-import httpx
+from servers import free_port, start, stop, wait_healthy
 from skiff.bench import serve_client as sc
 from skiff.bench.workloads import PromptMaker, random_workload
 from skiff.embedded import EMBEDDED_NAME, embedded_model_path
 from skiff.tokenizer import load_tokenizer
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(extra: list[str]) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "skiff.cli", "serve", "--port", str(port), "--log-level", "warning", *extra]
-    )
+    proc = start(["serve", "--log-level", "warning", *extra], port)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"skiff serve exited with {proc.returncode}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit("skiff serve did not start")
+    try:
+        wait_healthy(url, proc, 600)
+    except (RuntimeError, TimeoutError) as exc:
+        stop([proc])
+        raise SystemExit(f"skiff serve did not start: {exc}") from exc
+    return proc, url
 
 
 def bench(url: str, tok, num: int, concurrency: int, input_len: int, output_len: int, seed: int) -> dict:
@@ -129,8 +113,7 @@ def main() -> int:
             args.seed + 1,
         )
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
+        stop([proc])
     hf = None if args.skip_hf else hf_single_stream(tok, args.input_len, args.output_len, args.seed)
     single_rate = 1000.0 / single["tpot_ms"]["mean"] if single["tpot_ms"]["mean"] else 0.0
     report = {
