@@ -8,6 +8,7 @@ import os
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from skiff_operator.spec import GROUP, PLURAL, VERSION
@@ -45,37 +46,34 @@ def events(core, ns: str, name: str) -> list[tuple[str, str, str]]:
     ]
 
 
+def wait_scaled(kube: Api, ns: str, name: str, replicas: int, log: Path) -> None:
+    """The InferenceService's spec.replicas at `replicas`, then its Deployment's following."""
+    wait_for_api(
+        lambda: get_isvc(kube, ns, name)["spec"]["replicas"] == replicas, 60, f"{name} at {replicas}", log=log
+    )
+    wait_for_api(
+        lambda: kube.apps.read_namespaced_deployment(name, ns).spec.replicas == replicas,
+        30,
+        f"the Deployment of {name} following spec.replicas to {replicas}",
+        log=log,
+    )
+
+
 def test_timer_scales_through_scale_subresource_and_reports(kube: Api, operator_process):
     ns, log = operator_process
-    custom, core, apps = kube.custom, kube.core, kube.apps
     create_isvc(kube, ns, "smol", autoscaled(0))
-
-    def scaled():
-        return get_isvc(kube, ns, "smol")["spec"]["replicas"] == 2
-
-    wait_for_api(scaled, timeout=60, what="replicas raised to minReplicas", log=log)
+    wait_scaled(kube, ns, "smol", 2, log)  # raised to minReplicas
     wait_for_api(
-        lambda: any(r == "BelowMinimum" and "replicas 0 -> 2" in m for _, r, m in events(core, ns, "smol")),
+        lambda: any(
+            r == "BelowMinimum" and "replicas 0 -> 2" in m for _, r, m in events(kube.core, ns, "smol")
+        ),
         timeout=30,
         what="a BelowMinimum event",
     )
-    wait_for_api(
-        lambda: apps.read_namespaced_deployment("smol", ns).spec.replicas == 2,
-        timeout=30,
-        what="the Deployment following spec.replicas",
-    )
-    # kubectl scale: the Deployment follows at once, the timer puts it back within bounds
-    custom.patch_namespaced_custom_object_scale(GROUP, VERSION, ns, PLURAL, "smol", {"spec": {"replicas": 7}})
-    wait_for_api(
-        lambda: get_isvc(kube, ns, "smol")["spec"]["replicas"] == 3,
-        timeout=30,
-        what="AboveMaximum correction",
-    )
-    wait_for_api(
-        lambda: apps.read_namespaced_deployment("smol", ns).spec.replicas == 3,
-        timeout=30,
-        what="the Deployment at 3",
-    )
+    # kubectl scale: the Deployment follows at once, the timer puts it back within bounds (AboveMaximum)
+    scale = {"spec": {"replicas": 7}}
+    kube.custom.patch_namespaced_custom_object_scale(GROUP, VERSION, ns, PLURAL, "smol", scale)
+    wait_scaled(kube, ns, "smol", 3, log)
 
 
 def test_user_hpa_is_left_alone(kube: Api, operator_process):
