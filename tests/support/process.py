@@ -54,8 +54,10 @@ class Process:
     def running(self) -> bool:
         return self.proc.poll() is None
 
-    def log(self, chars: int = 6000) -> str:
-        return self.log_path.read_text(errors="replace")[-chars:]
+    def log(self, chars: int | None = 6000) -> str:
+        """The end of the process' output so far (all of it with chars=None)."""
+        text = self.log_path.read_text(errors="replace")
+        return text if chars is None else text[-chars:]
 
     def wait_http_ok(
         self, url: str, timeout: float, *, interval: float = 0.3, request_timeout: float = 2.0
