@@ -29,7 +29,7 @@ from support.kube_apiserver import ControlPlane, binaries_present, kubeconfig_ya
 from support.kubelet import FakeKubelet
 from support.paths import CHART, EXAMPLES
 from support.ports import free_port
-from support.process import Process
+from support.process import Process, stop_all
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.skipif(not binaries_present(), reason=NO_KUBE)
@@ -94,10 +94,7 @@ def installed_operator(cluster, clients, tmp_path: Path, health: int, replicas: 
             assert proc.running, proc.log(3000)
             assert "Forbidden" not in proc.log(None), proc.log(3000)
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.stop(grace=15)
+        stop_all(procs, grace=15)
         kubelet.stop()
 
 

@@ -14,7 +14,7 @@ import httpx
 import yaml
 
 from support.ports import free_port
-from support.process import Process
+from support.process import Process, stop_all
 from support.waiting import file_tail, wait_for
 
 KUBE_CACHE = Path(os.environ.get("SKIFF_KUBE_CACHE", Path.home() / ".cache" / "skiff-kube"))
@@ -165,8 +165,5 @@ class ControlPlane:
         wait_for(ready, timeout, "kube-apiserver /readyz", interval=0.3, tolerate=(httpx.HTTPError,), log=log)
 
     def stop(self) -> None:
-        for proc in reversed(self.procs):
-            proc.terminate()
-        for proc in reversed(self.procs):
-            proc.stop(grace=10)
+        stop_all(self.procs[::-1], grace=10)
         shutil.rmtree(self.dir, ignore_errors=True)
