@@ -1,21 +1,14 @@
-"""A real kube-apiserver for the autoscaler tests, shared by the modules here (see tests/router/kube_fixture.py)."""
+"""A real kube-apiserver with Skiff's CRDs, shared by the autoscaler's modules here."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "router"))
-
-from kube_fixture import kube_api, wait_for  # noqa: E402
-
-__all__ = ["wait_for"]
+from support.kube import Api, kube_api
 
 
 @pytest.fixture(scope="session")
-def kube() -> Iterator:
-    with kube_api() as client:
-        yield client
+def kube() -> Iterator[Api]:
+    with kube_api() as api:
+        yield api

@@ -5,42 +5,37 @@ and posts the decision as an event, the Deployment follows spec.replicas, and a 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
+from pathlib import Path
 
-import kubernetes
 import pytest
-from conftest import wait_for
 from skiff_operator.spec import GROUP, PLURAL, VERSION
+from support.kube import Api, create_isvc, create_user_hpa, get_isvc, wait_for_api
+from support.process import Process
 
 pytestmark = pytest.mark.timeout(240)
 
 
+def autoscaled(replicas: int) -> dict:
+    """An InferenceService spec at `replicas` that the operator's autoscaler keeps within 2..3."""
+    bounds = {"mode": "operator", "minReplicas": 2, "maxReplicas": 3}
+    return {"model": {"source": "hf://org/smol"}, "replicas": replicas, "autoscaling": bounds}
+
+
 @pytest.fixture
-def operator_process(kube):
+def operator_process(kube: Api):
     ns = f"as-{uuid.uuid4().hex[:6]}"
-    kubernetes.client.CoreV1Api(kube).create_namespace({"metadata": {"name": ns}})
-    log = tempfile.NamedTemporaryFile(prefix="skiff-operator-", suffix=".log", delete=False)  # noqa: SIM115
-    env = dict(os.environ, SKIFF_AUTOSCALE_INTERVAL="1", KUBECONFIG=os.environ["SKIFF_TEST_KUBECONFIG"])
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kopf", "run", "--standalone", "-n", ns, "-m", "skiff_operator.handlers"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
+    kube.core.create_namespace({"metadata": {"name": ns}})
+    env = dict(os.environ, SKIFF_AUTOSCALE_INTERVAL="1", KUBECONFIG=kube.kubeconfig)
+    argv = [sys.executable, "-m", "kopf", "run", "--standalone", "-n", ns, "-m", "skiff_operator.handlers"]
+    proc = Process(argv, env=env, name="skiff-operator")
     try:
-        yield ns, log.name
+        yield ns, proc.log_path
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        kubernetes.client.CoreV1Api(kube).delete_namespace(ns)
+        proc.stop(grace=30)
+        kube.core.delete_namespace(ns)
 
 
 def events(core, ns: str, name: str) -> list[tuple[str, str, str]]:
@@ -51,97 +46,49 @@ def events(core, ns: str, name: str) -> list[tuple[str, str, str]]:
     ]
 
 
-def test_timer_scales_through_scale_subresource_and_reports(kube, operator_process):
-    ns, log = operator_process
-    custom, core, apps = (
-        kubernetes.client.CustomObjectsApi(kube),
-        kubernetes.client.CoreV1Api(kube),
-        kubernetes.client.AppsV1Api(kube),
+def wait_scaled(kube: Api, ns: str, name: str, replicas: int, log: Path) -> None:
+    """The InferenceService's spec.replicas at `replicas`, then its Deployment's following."""
+    wait_for_api(
+        lambda: get_isvc(kube, ns, name)["spec"]["replicas"] == replicas, 60, f"{name} at {replicas}", log=log
     )
-    body = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "InferenceService",
-        "metadata": {"name": "smol"},
-        "spec": {
-            "model": {"source": "hf://org/smol"},
-            "replicas": 0,
-            "autoscaling": {"mode": "operator", "minReplicas": 2, "maxReplicas": 3},
-        },
-    }
-    custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
+    wait_for_api(
+        lambda: kube.apps.read_namespaced_deployment(name, ns).spec.replicas == replicas,
+        30,
+        f"the Deployment of {name} following spec.replicas to {replicas}",
+        log=log,
+    )
 
-    def scaled():
-        isvc = custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "smol")
-        return isvc["spec"]["replicas"] == 2
 
-    wait_for(scaled, timeout=60, what=f"replicas raised to minReplicas (operator log: {log})")
-    wait_for(
-        lambda: any(r == "BelowMinimum" and "replicas 0 -> 2" in m for _, r, m in events(core, ns, "smol")),
+def test_timer_scales_through_scale_subresource_and_reports(kube: Api, operator_process):
+    ns, log = operator_process
+    create_isvc(kube, ns, "smol", autoscaled(0))
+    wait_scaled(kube, ns, "smol", 2, log)  # raised to minReplicas
+    wait_for_api(
+        lambda: any(
+            r == "BelowMinimum" and "replicas 0 -> 2" in m for _, r, m in events(kube.core, ns, "smol")
+        ),
         timeout=30,
         what="a BelowMinimum event",
     )
-    wait_for(
-        lambda: apps.read_namespaced_deployment("smol", ns).spec.replicas == 2,
-        timeout=30,
-        what="the Deployment following spec.replicas",
-    )
-    # kubectl scale: the Deployment follows at once, the timer puts it back within bounds
-    custom.patch_namespaced_custom_object_scale(GROUP, VERSION, ns, PLURAL, "smol", {"spec": {"replicas": 7}})
-    wait_for(
-        lambda: (
-            custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "smol")["spec"]["replicas"] == 3
-        ),
-        timeout=30,
-        what="AboveMaximum correction",
-    )
-    wait_for(
-        lambda: apps.read_namespaced_deployment("smol", ns).spec.replicas == 3,
-        timeout=30,
-        what="the Deployment at 3",
-    )
+    # kubectl scale: the Deployment follows at once, the timer puts it back within bounds (AboveMaximum)
+    scale = {"spec": {"replicas": 7}}
+    kube.custom.patch_namespaced_custom_object_scale(GROUP, VERSION, ns, PLURAL, "smol", scale)
+    wait_scaled(kube, ns, "smol", 3, log)
 
 
-def test_user_hpa_is_left_alone(kube, operator_process):
+def test_user_hpa_is_left_alone(kube: Api, operator_process):
     ns, log = operator_process
-    custom, core = kubernetes.client.CustomObjectsApi(kube), kubernetes.client.CoreV1Api(kube)
-    kubernetes.client.AutoscalingV1Api(kube).create_namespaced_horizontal_pod_autoscaler(
-        ns,
-        {
-            "metadata": {"name": "users-own"},
-            "spec": {
-                "scaleTargetRef": {
-                    "apiVersion": f"{GROUP}/{VERSION}",
-                    "kind": "InferenceService",
-                    "name": "s2",
-                },
-                "minReplicas": 1,
-                "maxReplicas": 5,
-            },
-        },
-    )
-    custom.create_namespaced_custom_object(
-        GROUP,
-        VERSION,
-        ns,
-        PLURAL,
-        {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "InferenceService",
-            "metadata": {"name": "s2"},
-            "spec": {
-                "model": {"source": "hf://org/smol"},
-                "replicas": 0,
-                "autoscaling": {"mode": "operator", "minReplicas": 2, "maxReplicas": 3},
-            },
-        },
-    )
-    wait_for(
+    create_user_hpa(kube, ns, "users-own", target="s2", min_replicas=1, max_replicas=5)
+    create_isvc(kube, ns, "s2", autoscaled(0))
+    core = kube.core
+    wait_for_api(
         lambda: any(t == "Warning" and r == "ExternalAutoscaler" for t, r, _ in events(core, ns, "s2")),
         timeout=60,
-        what=f"an ExternalAutoscaler warning (operator log: {log})",
+        what="an ExternalAutoscaler warning",
+        log=log,
     )
     time.sleep(3)  # three more ticks
-    assert custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "s2")["spec"]["replicas"] == 0
+    assert get_isvc(kube, ns, "s2")["spec"]["replicas"] == 0
     assert (
         sum(r == "ExternalAutoscaler" for _, r, _ in events(core, ns, "s2")) == 1
     )  # said once, not per tick

@@ -13,18 +13,18 @@ import asyncio
 import threading
 
 import httpx
-import kubernetes
 import pytest
 import yaml
-from conftest import wait_for
-from fakes import ServerThread
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 from skiff_operator.autoscaling.loop import Autoscaler
 from skiff_operator.render import OperatorSettings, deployment, selector_labels
-from skiff_operator.spec import GROUP, PLURAL, VERSION, parse_spec
+from skiff_operator.spec import parse_spec
 from skiff_router.app import RouterConfig, create_app
 from skiff_router.discovery import StaticSource
+from support.asgi import ServerThread
+from support.kube import Api, create_isvc, create_user_hpa, get_isvc
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(180)
 NS = "default"
@@ -52,20 +52,18 @@ class Clock:
 
 
 class World:
-    def __init__(self, client, name: str, tmp) -> None:
-        self.client, self.name = client, name
-        self.core = kubernetes.client.CoreV1Api(client)
-        self.custom = kubernetes.client.CustomObjectsApi(client)
-        self.apps = kubernetes.client.AppsV1Api(client)
+    def __init__(self, api: Api, name: str, tmp) -> None:
+        self.api, self.name = api, name
+        self.core, self.apps = api.core, api.apps
         self.pods: dict[str, PodMetrics] = {}
         discovery = tmp / "router.yaml"
         discovery.write_text(yaml.safe_dump({"services": [{"name": name, "models": ["m"], "replicas": 0}]}))
         self.router = ServerThread(create_app(StaticSource(discovery, 0.05), RouterConfig(hold_timeout=20)))
         self.clock = Clock()
-        self.scaler = Autoscaler(client, (f"http://{self.router.address}/metrics",), clock=self.clock)
+        self.scaler = Autoscaler(api.client, (f"http://{self.router.address}/metrics",), clock=self.clock)
 
     def isvc(self) -> dict:
-        return self.custom.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, self.name)
+        return get_isvc(self.api, NS, self.name)
 
     def replicas(self) -> int:
         return self.isvc()["spec"]["replicas"]
@@ -124,7 +122,7 @@ class World:
             m.server.stop()
 
 
-def test_load_scales_up_and_idle_scales_to_zero(kube, tmp_path):
+def test_load_scales_up_and_idle_scales_to_zero(kube: Api, tmp_path):
     name = "smol"
     spec = {
         "model": {"source": "hf://org/smol", "servedName": "m"},
@@ -142,21 +140,8 @@ def test_load_scales_up_and_idle_scales_to_zero(kube, tmp_path):
             "idleToZeroSeconds": 20,
         },
     }
-    custom = kubernetes.client.CustomObjectsApi(kube)
-    isvc = custom.create_namespaced_custom_object(
-        GROUP,
-        VERSION,
-        NS,
-        PLURAL,
-        {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "InferenceService",
-            "metadata": {"name": name},
-            "spec": spec,
-        },
-    )
-    dep = deployment(isvc, parse_spec(isvc["spec"]), OperatorSettings())
-    kubernetes.client.AppsV1Api(kube).create_namespaced_deployment(NS, dep)
+    isvc = create_isvc(kube, NS, name, spec)
+    kube.apps.create_namespaced_deployment(NS, deployment(isvc, parse_spec(isvc["spec"]), OperatorSettings()))
     w = World(kube, name, tmp_path)
     try:
         assert w.step().decision.reason == "Idle" and w.replicas() == 0
@@ -200,40 +185,11 @@ def test_load_scales_up_and_idle_scales_to_zero(kube, tmp_path):
         w.close()
 
 
-def test_a_user_hpa_is_never_fought(kube, tmp_path):
+def test_a_user_hpa_is_never_fought(kube: Api, tmp_path):
     name = "taken"
-    custom = kubernetes.client.CustomObjectsApi(kube)
-    custom.create_namespaced_custom_object(
-        GROUP,
-        VERSION,
-        NS,
-        PLURAL,
-        {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "InferenceService",
-            "metadata": {"name": name},
-            "spec": {
-                "model": {"source": "hf://org/smol"},
-                "replicas": 2,
-                "autoscaling": {"mode": "operator", "minReplicas": 0, "maxReplicas": 3},
-            },
-        },
-    )
-    kubernetes.client.AutoscalingV1Api(kube).create_namespaced_horizontal_pod_autoscaler(
-        NS,
-        {
-            "metadata": {"name": "mine"},
-            "spec": {
-                "scaleTargetRef": {
-                    "apiVersion": f"{GROUP}/{VERSION}",
-                    "kind": "InferenceService",
-                    "name": name,
-                },
-                "minReplicas": 2,
-                "maxReplicas": 5,
-            },
-        },
-    )
+    bounds = {"mode": "operator", "minReplicas": 0, "maxReplicas": 3}
+    create_isvc(kube, NS, name, {"model": {"source": "hf://org/smol"}, "replicas": 2, "autoscaling": bounds})
+    create_user_hpa(kube, NS, "mine", target=name, min_replicas=2, max_replicas=5)
     w = World(kube, name, tmp_path)
     try:
         for _ in range(4):  # no pods, no load, long past every window: still not ours to touch

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from skiff_operator.autoscaling.policy import Decision, Policy, Sample, decide, recommend
 
@@ -26,26 +28,9 @@ def run(policy: Policy, loads: list[float], start: int, every: float = 15.0, rea
     return trace
 
 
-P = Policy(
-    min_replicas=1,
-    max_replicas=8,
-    target_per_replica=4,
-    scale_up_window=0,
-    scale_down_window=60,
-    max_up_step=2,
-    max_down_step=1,
-    idle_to_zero=120,
-)
-Z = Policy(
-    min_replicas=0,
-    max_replicas=4,
-    target_per_replica=4,
-    scale_up_window=0,
-    scale_down_window=30,
-    max_up_step=4,
-    max_down_step=4,
-    idle_to_zero=60,
-)
+# Policy(min, max, target per replica, up window, down window, max up step, max down step, idle to zero)
+P = Policy(1, 8, 4, 0, 60, 2, 1, 120)
+Z = Policy(0, 4, 4, 0, 30, 4, 4, 60)
 
 CASES = [
     # name, policy, loads per 15s tick, start replicas, expected replicas after each tick
@@ -85,31 +70,14 @@ def test_decision_table(name, policy, loads, start, expected):
 
 
 def test_scale_up_window_ignores_a_short_burst_and_follows_a_sustained_one():
-    p = Policy(
-        min_replicas=1,
-        max_replicas=8,
-        target_per_replica=4,
-        scale_up_window=30,
-        scale_down_window=60,
-        max_up_step=8,
-        max_down_step=1,
-        idle_to_zero=0,
-    )
+    p = replace(P, scale_up_window=30, max_up_step=8, idle_to_zero=0)
     assert run(p, [4, 32, 4, 4, 4], 1) == [1, 1, 1, 1, 1]  # one 15s spike inside a 30s window
     assert run(p, [4, 32, 32, 32, 32], 1) == [1, 1, 1, 8, 8]  # 30s of sustained load
 
 
 def test_scale_down_waits_while_new_replicas_are_not_ready():
     # load drops while two added replicas are still starting: no scale-down until they are ready
-    p = Policy(
-        min_replicas=1,
-        max_replicas=8,
-        target_per_replica=4,
-        scale_down_window=0,
-        max_up_step=4,
-        max_down_step=4,
-        idle_to_zero=0,
-    )
+    p = replace(P, scale_down_window=0, max_up_step=4, max_down_step=4, idle_to_zero=0)
     assert run(p, [12, 0, 0, 0, 0], 1, ready_lag=3) == [3, 3, 3, 1, 1]
 
 

@@ -10,9 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from support.paths import CHART, ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "skiff"
 VALUES_FILES = sorted((CHART / "ci").glob("*-values.yaml"))
 
 

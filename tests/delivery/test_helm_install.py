@@ -12,91 +12,45 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
-from delivery_helpers import CHART, ROOT
-
-sys.path.insert(0, str(ROOT / "tests" / "operator"))
-from op_kubeapi import ControlPlane, FakeKubelet, binaries_present  # noqa: E402
-
-pytestmark = pytest.mark.skipif(
-    not binaries_present(), reason="no test kube-apiserver: run scripts/install.d/kube.sh"
+from support.kube import (
+    NO_KUBE,
+    Api,
+    chart_for_test_server,
+    connect,
+    control_plane,
+    crd_established,
+    missing_as_none,
 )
+from support.kube_apiserver import ControlPlane, binaries_present, kubeconfig_yaml
+from support.kubelet import FakeKubelet
+from support.paths import CHART, EXAMPLES
+from support.ports import free_port
+from support.process import Process, stop_all
+from support.waiting import wait_for
+
+pytestmark = pytest.mark.skipif(not binaries_present(), reason=NO_KUBE)
 
 RELEASE, NAMESPACE, MODELS_NS = "skiff", "skiff-system", "models"
 
 
-def _strip_for_old_servers(node: Any) -> None:
-    if isinstance(node, dict):
-        node.pop("x-kubernetes-validations", None)
-        if node.get("default") == "":
-            node.pop("default")
-        for v in node.values():
-            _strip_for_old_servers(v)
-    elif isinstance(node, list):
-        for v in node:
-            _strip_for_old_servers(v)
-
-
-def chart_for_test_server(tmp: Path) -> Path:
-    copy = tmp / "skiff"
-    shutil.copytree(CHART, copy)
-    meta = yaml.safe_load((copy / "Chart.yaml").read_text())
-    meta.pop("kubeVersion")
-    (copy / "Chart.yaml").write_text(yaml.safe_dump(meta))
-    for f in (copy / "files" / "crds").glob("*.yaml"):
-        crd = yaml.safe_load(f.read_text())
-        _strip_for_old_servers(crd)
-        f.write_text(yaml.safe_dump(crd))
-    return copy
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(what: str, check, timeout: float = 60.0, log: Path | None = None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.5)
-    tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:]) if log and log.exists() else ""
-    raise AssertionError(f"timed out waiting for {what}\n{tail}")
+def wait_long(what: str, check, timeout: float = 60.0, log: Path | None = None):
+    """Cluster-side work (controllers, the operator, helm hooks) takes seconds: poll every half second."""
+    return wait_for(check, timeout, what, interval=0.5, log=log)
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    cp = ControlPlane()
-    try:
-        cp.start()
+    with control_plane() as cp:
         yield cp
-    finally:
-        cp.stop()
 
 
 @pytest.fixture(scope="module")
-def clients(cluster):
-    import kubernetes
-
-    api = kubernetes.config.new_client_from_config(str(cluster.kubeconfig))
-    return {
-        "core": kubernetes.client.CoreV1Api(api),
-        "apps": kubernetes.client.AppsV1Api(api),
-        "custom": kubernetes.client.CustomObjectsApi(api),
-        "ext": kubernetes.client.ApiextensionsV1Api(api),
-    }
+def clients(cluster: ControlPlane) -> Api:
+    return connect(cluster.kubeconfig)
 
 
 def test_unmodified_chart_is_refused_on_kube_version(cluster):
@@ -114,14 +68,15 @@ def installed_operator(cluster, clients, tmp_path: Path, health: int, replicas: 
     """Runs the installed operator Deployment's container as local processes, one per replica: its command
     line (after the kubelet's $(VAR) expansion; each replica its own health port, as in its own pod) and
     its ServiceAccount's token. Yields the log paths."""
-    operator = clients["apps"].read_namespaced_deployment("skiff-operator", NAMESPACE)
+    operator = clients.apps.read_namespaced_deployment("skiff-operator", NAMESPACE)
     container = operator.spec.template.spec.containers[0]
     env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
     env["KUBECONFIG"] = str(service_account_kubeconfig(cluster, clients, operator, tmp_path))
     command = [a.replace("$$", "$") for a in container.command]
-    kubelet = FakeKubelet(clients["core"], MODELS_NS)
+    kubelet = FakeKubelet(clients.core, MODELS_NS)
     kubelet.start()
-    procs, logs = [], []
+    procs: list[Process] = []
+    logs: list[Path] = []
     try:
         for i in range(replicas):
             port = health if i == 0 else free_port()
@@ -132,55 +87,38 @@ def installed_operator(cluster, clients, tmp_path: Path, health: int, replicas: 
                 e.name == "POD_ID" and e.value_from.field_ref.field_path == "metadata.name"
                 for e in container.env
             )
-            with open(logs[-1], "wb") as out:
-                procs.append(
-                    subprocess.Popen(
-                        [*command, *args],
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                        env=pod_env,
-                        start_new_session=True,
-                    )
-                )
-            wait_for("the operator's liveness endpoint", lambda p=port: _healthy(p), timeout=60, log=logs[-1])
+            procs.append(Process([*command, *args], env=pod_env, log_path=logs[-1], new_session=True))
+            procs[-1].wait_http_ok(f"http://127.0.0.1:{port}/healthz", 60, interval=0.5)
         yield logs
-        for proc, log in zip(procs, logs, strict=True):
-            text = log.read_text(errors="replace")
-            assert proc.poll() is None, text[-3000:]
-            assert "Forbidden" not in text, text[-3000:]
+        for proc in procs:
+            assert proc.running, proc.log(3000)
+            assert "Forbidden" not in proc.log(None), proc.log(3000)
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_all(procs, grace=15)
         kubelet.stop()
 
 
 def reconcile_example(clients, log: Path, name: str) -> dict:
     """Creates the embedded-CPU example as `name` and waits for its children and Ready."""
-    example = yaml.safe_load((ROOT / "manifests" / "examples" / "embedded-cpu.yaml").read_text())
+    example = yaml.safe_load((EXAMPLES / "embedded-cpu.yaml").read_text())
     example["metadata"]["name"] = name
-    clients["custom"].create_namespaced_custom_object(
+    clients.custom.create_namespaced_custom_object(
         "skiff.dev", "v1alpha1", MODELS_NS, "inferenceservices", example
     )
-    dep = wait_for(
+    dep = wait_long(
         "the model Deployment",
-        lambda: _get(lambda: clients["apps"].read_namespaced_deployment(name, MODELS_NS)),
+        lambda: missing_as_none(lambda: clients.apps.read_namespaced_deployment(name, MODELS_NS)),
         log=log,
     )
     owner = dep.metadata.owner_references[0]
     assert (owner.kind, owner.name, owner.controller) == ("InferenceService", name, True)
     assert dep.spec.template.spec.containers[0].image == "ghcr.io/skiff-project/skiff:0.1.0"
-    wait_for(
+    wait_long(
         "the model Service",
-        lambda: _get(lambda: clients["core"].read_namespaced_service(name, MODELS_NS)),
+        lambda: missing_as_none(lambda: clients.core.read_namespaced_service(name, MODELS_NS)),
         log=log,
     )
-    isvc = wait_for("the InferenceService to be Ready", lambda: _ready(clients, name), timeout=90, log=log)
+    isvc = wait_long("the InferenceService to be Ready", lambda: _ready(clients, name), timeout=90, log=log)
     assert isvc["status"]["readyReplicas"] == 1
     return isvc
 
@@ -200,20 +138,11 @@ def test_install_then_operator_reconciles_an_example(cluster, clients, tmp_path)
             timeout=120,
         )
         assert release["status"] == "deployed", release
-        ext = clients["ext"]
-        crd = wait_for(
-            "the CRD to be established",
-            lambda: next(
-                (
-                    c
-                    for c in [ext.read_custom_resource_definition("inferenceservices.skiff.dev")]
-                    if any(s.type == "Established" and s.status == "True" for s in c.status.conditions or [])
-                ),
-                None,
-            ),
-        )
+        ext = clients.ext
+        wait_long("the CRD to be established", lambda: crd_established(ext, "inferenceservices.skiff.dev"))
+        crd = ext.read_custom_resource_definition("inferenceservices.skiff.dev")
         assert crd.metadata.annotations["helm.sh/resource-policy"] == "keep"
-        clients["apps"].read_namespaced_deployment("skiff-router", NAMESPACE)
+        clients.apps.read_namespaced_deployment("skiff-router", NAMESPACE)
         # The API server's own RBAC authorizer: the router's ServiceAccount may make its calls, and no more.
         router_sa = f"system:serviceaccount:{NAMESPACE}:skiff-router"
         for verb, group, resource in [
@@ -233,16 +162,18 @@ def test_install_then_operator_reconciles_an_example(cluster, clients, tmp_path)
             ("create", "", "pods"),
         ]:
             assert not can(clients, router_sa, verb, group, resource), (verb, group, resource)
-        clients["core"].create_namespace({"metadata": {"name": MODELS_NS}})
+        clients.core.create_namespace({"metadata": {"name": MODELS_NS}})
         with installed_operator(cluster, clients, tmp_path, health) as (log,):
             reconcile_example(clients, log, "smollm2")
             schedule_pods(clients)
             models = run_installed_router(cluster, clients, tmp_path)
             assert models == {"smollm2-135m-instruct": 1}, models
         cfg.uninstall(RELEASE)
-    assert _get(lambda: clients["apps"].read_namespaced_deployment("skiff-operator", NAMESPACE)) is None
+    assert (
+        missing_as_none(lambda: clients.apps.read_namespaced_deployment("skiff-operator", NAMESPACE)) is None
+    )
     ext.read_custom_resource_definition("inferenceservices.skiff.dev")  # kept
-    clients["custom"].get_namespaced_custom_object(
+    clients.custom.get_namespaced_custom_object(
         "skiff.dev", "v1alpha1", MODELS_NS, "inferenceservices", "smollm2"
     )
 
@@ -268,24 +199,24 @@ def test_reinstall_namespaced_adopts_the_kept_crd(cluster, clients, tmp_path):
     with helm.Config(kubeconfig_path=str(cluster.kubeconfig), namespace=NAMESPACE) as cfg:
         if any(r["name"] == RELEASE for r in cfg.list()):
             cfg.uninstall(RELEASE)  # left over by a failed test above
-        if _get(lambda: clients["core"].read_namespace(MODELS_NS)) is None:
-            clients["core"].create_namespace({"metadata": {"name": MODELS_NS}})
+        if missing_as_none(lambda: clients.core.read_namespace(MODELS_NS)) is None:
+            clients.core.create_namespace({"metadata": {"name": MODELS_NS}})
         assert (
             cfg.install(str(chart), RELEASE, values, namespace=NAMESPACE, timeout=120)["status"] == "deployed"
         )
         rbac = kubernetes_rbac(clients)
         assert rbac.read_namespaced_role("skiff-operator", MODELS_NS)
-        assert _get(lambda: rbac.read_cluster_role("skiff-operator")) is None
-        crd = clients["ext"].read_custom_resource_definition("inferenceservices.skiff.dev")
+        assert missing_as_none(lambda: rbac.read_cluster_role("skiff-operator")) is None
+        crd = clients.ext.read_custom_resource_definition("inferenceservices.skiff.dev")
         assert crd.metadata.annotations["meta.helm.sh/release-name"] == RELEASE
         with installed_operator(cluster, clients, tmp_path, health, replicas=2) as logs:
-            peering = wait_for("both replicas in the KopfPeering", lambda: _peers(clients), log=logs[1])
+            peering = wait_long("both replicas in the KopfPeering", lambda: _peers(clients), log=logs[1])
             assert sorted(peering) == ["replica-0", "replica-1"], peering
             prio = {int(k.rsplit("-", 1)[1]): v["priority"] for k, v in peering.items()}
             assert prio[0] != prio[1], peering  # drawn at random: equal priorities would pause both
             low, high = sorted(prio, key=prio.get)
             if low == 0:  # it ran alone at first; it stands by once it has seen the higher peer
-                wait_for(
+                wait_long(
                     "the first replica to stand by",
                     lambda: "Pausing operations in favour of" in logs[0].read_text(errors="replace"),
                     timeout=30,
@@ -301,8 +232,8 @@ def schedule_pods(clients) -> None:
     pods without one)."""
     import kubernetes
 
-    core = clients["core"]
-    if _get(lambda: core.read_node("node-1")) is None:
+    core = clients.core
+    if missing_as_none(lambda: core.read_node("node-1")) is None:
         core.create_node({"metadata": {"name": "node-1"}})
     for pod in core.list_namespaced_pod(MODELS_NS, label_selector="skiff.dev/inferenceservice").items:
         if not pod.spec.node_name:
@@ -322,7 +253,7 @@ def run_installed_router(cluster, clients, tmp_path: Path) -> dict[str, int]:
     port on 127.0.0.1 instead of 0.0.0.0:8080) until /v1/models lists a ready model; returns id -> replicas."""
     import httpx
 
-    dep = clients["apps"].read_namespaced_deployment("skiff-router", NAMESPACE)
+    dep = clients.apps.read_namespaced_deployment("skiff-router", NAMESPACE)
     c = dep.spec.template.spec.containers[0]
     port = free_port()
     args = [
@@ -341,22 +272,14 @@ def run_installed_router(cluster, clients, tmp_path: Path) -> dict[str, int]:
         got = {m["id"]: m["ready_replicas"] for m in r.json()["data"]} if r.status_code == 200 else {}
         return got if got and all(got.values()) else None
 
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [*c.command, *args], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
+    proc = Process([*c.command, *args], env=env, log_path=log, new_session=True)
     try:
-        models = wait_for("the router to list a ready model", ready_models, timeout=60, log=log)
-        text = log.read_text(errors="replace")
+        models = wait_long("the router to list a ready model", ready_models, timeout=60, log=log)
+        text = proc.log(None)
         assert "Forbidden" not in text and "discovery failed" not in text, text[-3000:]
         return models
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        proc.stop(grace=15)
 
 
 def can(clients, user: str, verb: str, group: str, resource: str, namespace: str = MODELS_NS) -> bool:
@@ -373,14 +296,14 @@ def can(clients, user: str, verb: str, group: str, resource: str, namespace: str
             ),
         )
     )
-    api = kubernetes.client.AuthorizationV1Api(clients["core"].api_client)
+    api = kubernetes.client.AuthorizationV1Api(clients.core.api_client)
     return bool(api.create_subject_access_review(review).status.allowed)
 
 
 def kubernetes_rbac(clients):
     import kubernetes
 
-    return kubernetes.client.RbacAuthorizationV1Api(clients["core"].api_client)
+    return kubernetes.client.RbacAuthorizationV1Api(clients.core.api_client)
 
 
 def service_account_kubeconfig(cluster, clients, deployment, tmp_path: Path) -> Path:
@@ -388,67 +311,30 @@ def service_account_kubeconfig(cluster, clients, deployment, tmp_path: Path) -> 
     import kubernetes
 
     sa = deployment.spec.template.spec.service_account_name
-    token = (
-        clients["core"]
-        .create_namespaced_service_account_token(
-            sa,
-            NAMESPACE,
-            kubernetes.client.AuthenticationV1TokenRequest(
-                spec=kubernetes.client.V1TokenRequestSpec(
-                    audiences=["https://kubernetes.default.svc.cluster.local"], expiration_seconds=3600
-                )
-            ),
-        )
-        .status.token
-    )
+    token = clients.core.create_namespaced_service_account_token(
+        sa,
+        NAMESPACE,
+        kubernetes.client.AuthenticationV1TokenRequest(
+            spec=kubernetes.client.V1TokenRequestSpec(
+                audiences=["https://kubernetes.default.svc.cluster.local"], expiration_seconds=3600
+            )
+        ),
+    ).status.token
     path = tmp_path / f"{sa}.kubeconfig"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "current-context": "sa",
-                "clusters": [
-                    {"name": "c", "cluster": {"server": cluster.url, "insecure-skip-tls-verify": True}}
-                ],
-                "users": [{"name": "sa", "user": {"token": token}}],
-                "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa"}}],
-            }
-        )
-    )
+    path.write_text(kubeconfig_yaml(cluster.url, token))
     return path
 
 
 def _peers(clients) -> dict | None:
-    obj = clients["custom"].get_namespaced_custom_object(
+    obj = clients.custom.get_namespaced_custom_object(
         "kopf.dev", "v1", MODELS_NS, "kopfpeerings", "skiff-operator"
     )
     peers = obj.get("status") or {}
     return peers if len(peers) == 2 else None
 
 
-def _healthy(port: int) -> bool:
-    import httpx
-
-    try:
-        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-def _get(read):
-    import kubernetes
-
-    try:
-        return read()
-    except kubernetes.client.ApiException as e:
-        if e.status == 404:
-            return None
-        raise
-
-
 def _ready(clients, name: str) -> dict | None:
-    isvc = clients["custom"].get_namespaced_custom_object(
+    isvc = clients.custom.get_namespaced_custom_object(
         "skiff.dev", "v1alpha1", MODELS_NS, "inferenceservices", name
     )
     conds = (isvc.get("status") or {}).get("conditions") or []

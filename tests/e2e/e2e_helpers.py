@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,8 +14,9 @@ from typing import Any
 
 import httpx
 import yaml
+from support.paths import EXAMPLES, ROOT
+from support.waiting import wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_SH = ROOT / "scripts" / "cluster" / "cluster.sh"
 MODEL = "smollm2-135m-instruct"
 
@@ -73,22 +73,13 @@ def condition(obj: dict, kind: str) -> str | None:
 
 
 def wait_until(what: str, check: Callable[[], Any], timeout: float, interval: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except (AssertionError, httpx.HTTPError, subprocess.TimeoutExpired) as e:
-            last = e
-        else:
-            if last:
-                return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what} (last: {last!r})")
+    """Polls a cluster through kubectl and HTTP: a failed command or request counts as "not yet"."""
+    tolerate = (AssertionError, httpx.HTTPError, subprocess.TimeoutExpired)
+    return wait_for(check, timeout, what, interval=interval, tolerate=tolerate)
 
 
 def example(name: str) -> dict[str, Any]:
-    return yaml.safe_load((ROOT / "manifests" / "examples" / name).read_text())
+    return yaml.safe_load((EXAMPLES / name).read_text())
 
 
 def pod_counters(pod_ip: str) -> tuple[float, float]:

@@ -7,17 +7,15 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
-from e2e_helpers import MODEL, ROOT, StreamLoad, chat, condition, example, is_ready, pod_counters, wait_until
-
-sys.path.insert(0, str(ROOT / "tests" / "delivery"))
-sys.path.insert(0, str(ROOT / "tests" / "operator"))
-from test_helm_install import chart_for_test_server, free_port  # noqa: E402  (chart: minus what 1.20 lacks)
+from e2e_helpers import MODEL, StreamLoad, chat, condition, example, is_ready, pod_counters, wait_until
+from support.kube import chart_for_test_server  # the chart minus what 1.20 lacks
+from support.ports import free_port
+from support.process import Process
 
 RELEASE, SYSTEM_NS, NS = "skiff", "skiff-system", "models"
 VERSION = "0.1.0"
@@ -83,7 +81,7 @@ def test_helm_install_operator_and_router_available(cluster, helm_config, router
     assert "models: []" in result["logs"], result["logs"]
     # The README's way in from a workstation: kubectl port-forward to the router's Service.
     port = free_port()
-    forward = subprocess.Popen(
+    forward = Process(
         [
             "kubectl",
             "--kubeconfig",
@@ -93,9 +91,7 @@ def test_helm_install_operator_and_router_available(cluster, helm_config, router
             "port-forward",
             "svc/skiff-router",
             f"{port}:80",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        ]
     )
     try:
         models = wait_until(
@@ -105,8 +101,7 @@ def test_helm_install_operator_and_router_available(cluster, helm_config, router
         )
         assert models["object"] == "list", models
     finally:
-        forward.terminate()
-        forward.wait(timeout=10)
+        forward.stop(grace=10)
 
 
 def _phase_and_pods(cluster) -> tuple[str | None, list[dict]]:
@@ -153,25 +148,13 @@ def _local_skiff_serve_answer(cluster, tmp_path: Path) -> str:
     port = free_port()
     cmd[cmd.index("--host") + 1], cmd[cmd.index("--port") + 1] = "127.0.0.1", str(port)
     cmd[0] = shutil.which("skiff") or cmd[0]
-    log = tmp_path / "skiff-serve.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = Process(cmd, log_path=tmp_path / "skiff-serve.log", new_session=True)
     try:
         url = f"http://127.0.0.1:{port}"
-        wait_until(
-            "local skiff serve",
-            lambda: (
-                proc.poll() is None
-                and httpx.get(f"{url}/health", timeout=2).status_code == 200
-                or proc.poll() is not None
-            ),
-            timeout=180,
-        )
-        assert proc.poll() is None, log.read_text()[-3000:]
+        proc.wait_http_ok(f"{url}/health", 180)
         return chat(url, PROMPT)
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        proc.stop(grace=30)
 
 
 def test_scale_to_two_spreads_requests_over_both_pods(cluster, router_url):

@@ -4,15 +4,12 @@ through the router's Service, then delete everything."""
 
 from __future__ import annotations
 
-import sys
 import time
 
 import yaml
-from e2e_helpers import ROOT, chat, example, wait_until
-
-sys.path.insert(0, str(ROOT / "tests" / "delivery"))
-sys.path.insert(0, str(ROOT / "tests" / "operator"))
-from test_helm_install import _strip_for_old_servers  # noqa: E402  (CEL rules and "" defaults: not on 1.20)
+from e2e_helpers import chat, example, wait_until
+from support.kube import strip_for_old_servers
+from support.paths import ROOT
 
 NS = "models-plain"
 CPU_IMAGE = "localhost/skiff:0.1.0-cpu"
@@ -27,7 +24,7 @@ def _for_old_servers(text: str) -> str:
     docs = [d for d in yaml.safe_load_all(text) if d]
     for d in docs:
         if d["kind"] == "CustomResourceDefinition":
-            _strip_for_old_servers(d)
+            strip_for_old_servers(d)
     return yaml.safe_dump_all(docs)
 
 

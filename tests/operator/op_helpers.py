@@ -1,15 +1,18 @@
-"""Shared test inputs: example CRs from manifests/examples and a CR factory."""
+"""Shared inputs of the operator tests: example CRs from manifests/examples, a CR factory, and the real
+operator (kopf's own runner) on one namespace."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
+from kopf.testing import KopfRunner
+from support.paths import EXAMPLES
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = ROOT / "manifests" / "examples"
 INVALID = Path(__file__).parent / "invalid"
 
 
@@ -44,3 +47,17 @@ def with_identity(cr: dict[str, Any], namespace: str = "ml") -> dict[str, Any]:
     cr = copy.deepcopy(cr)
     cr["metadata"].update(namespace=namespace, uid="0000-1111", generation=1)
     return cr
+
+
+@contextlib.contextmanager
+def running_operator(namespace: str) -> Iterator[KopfRunner]:
+    """The real operator (kopf's own runner, our handlers module) watching one namespace."""
+    from skiff_operator import handlers
+
+    handlers.STATE.cluster = None
+    handlers.STATE.errors.clear()
+    args = ["run", "--standalone", "--namespace", namespace, "-m", "skiff_operator.handlers"]
+    with KopfRunner(args, timeout=60) as runner:
+        yield runner
+    assert runner.exit_code == 0, runner.output
+    assert runner.exception is None, runner.exception

@@ -7,9 +7,9 @@ import json
 import kubernetes_validate
 import pytest
 import yaml
-from op_helpers import ROOT
 from skiff_operator import crdgen
 from skiff_operator.crd import crd_manifest
+from support.paths import ROOT
 
 
 def test_committed_files_match_the_generator() -> None:

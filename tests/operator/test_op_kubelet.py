@@ -9,23 +9,15 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 from op_helpers import example_crs, with_identity
 from skiff_operator.render import desired_children
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from support.ports import free_port
+from support.process import Process
 
 
 def _rendered() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -71,35 +63,23 @@ def test_rendered_pod_serves_a_chat_answer_through_its_service_port(tmp_path: Pa
     ports = {p["name"]: p["containerPort"] for p in server["ports"]}
     target = service["spec"]["ports"][0]["targetPort"]
     container_port = ports[target]
-    local_port = _free_port()
+    local_port = free_port()
     probe = server["readinessProbe"]["httpGet"]
     startup = server["startupProbe"]
     startup_budget = startup["periodSeconds"] * startup["failureThreshold"]
     served = server["command"][server["command"].index("--served-model-name") + 1]
 
-    proc = subprocess.Popen(
+    probe_port = ports[probe["port"]] if isinstance(probe["port"], str) else probe["port"]
+    assert probe_port == container_port
+    pod_server = Process(
         _local_argv(server["command"], container_port, local_port),
         env=_local_env(server["env"], tmp_path),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+        log_path=tmp_path / "server.log",
+        name="pod-server",
     )
     try:
-        deadline = time.monotonic() + min(startup_budget, 600)
-        probe_port = ports[probe["port"]] if isinstance(probe["port"], str) else probe["port"]
-        assert probe_port == container_port
-        ready = False
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                ready = (
-                    httpx.get(f"http://127.0.0.1:{local_port}{probe['path']}", timeout=30).status_code == 200
-                )
-            except httpx.HTTPError:
-                ready = False
-            if ready:
-                break
-            time.sleep(2)
-        assert ready, f"readiness probe {probe['path']} never passed; exit={proc.poll()}"
+        probe_url = f"http://127.0.0.1:{local_port}{probe['path']}"
+        pod_server.wait_http_ok(probe_url, min(startup_budget, 600), interval=2, request_timeout=30)
 
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{local_port}/v1", api_key="unused", timeout=120)
         assert [m.id for m in client.models.list().data] == [served]
@@ -111,12 +91,8 @@ def test_rendered_pod_serves_a_chat_answer_through_its_service_port(tmp_path: Pa
         )
         assert "Paris" in (reply.choices[0].message.content or "")
 
-        proc.send_signal(signal.SIGTERM)  # what the kubelet does after the preStop hook
+        pod_server.proc.send_signal(signal.SIGTERM)  # what the kubelet does after the preStop hook
         grace = deployment["spec"]["template"]["spec"].get("terminationGracePeriodSeconds", 30)
-        assert proc.wait(timeout=grace) == 0
+        assert pod_server.proc.wait(timeout=grace) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
-        if proc.stdout is not None:
-            proc.stdout.close()
+        pod_server.stop(grace=30)

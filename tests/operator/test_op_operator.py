@@ -6,30 +6,13 @@ from __future__ import annotations
 
 import kubernetes
 import pytest
-from conftest import Api, running_operator, wait_for
+from op_helpers import running_operator
 from skiff.embedded import embedded_model_path
 from skiff_operator.metadata import FIELD_MANAGER, LABEL_HASH, LABEL_ISVC
 from skiff_operator.spec import GROUP, PLURAL, VERSION
+from support.kube import Api, create_isvc, get_isvc, patch_isvc_spec, wait_for_api
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def create(api: Api, ns: str, name: str, spec: dict) -> dict:
-    body = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "InferenceService",
-        "metadata": {"name": name},
-        "spec": spec,
-    }
-    return api.custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, body)
-
-
-def get(api: Api, ns: str, name: str) -> dict:
-    return api.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
-
-
-def patch_spec(api: Api, ns: str, name: str, spec: dict) -> dict:
-    return api.custom.patch_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name, {"spec": spec})
 
 
 def condition(obj: dict, ctype: str) -> dict:
@@ -38,7 +21,7 @@ def condition(obj: dict, ctype: str) -> dict:
 
 def ready_at(api: Api, ns: str, name: str, generation: int, status: str = "True"):
     def check():
-        obj = get(api, ns, name)
+        obj = get_isvc(api, ns, name)
         c = condition(obj, "Ready")
         ok = c.get("status") == status and obj["status"].get("observedGeneration") == generation
         return obj if ok and c.get("observedGeneration") == generation else None
@@ -60,12 +43,12 @@ def replica_sets(api: Api, ns: str, name: str) -> list:
 
 def test_lifecycle_create_ready_update_scale_delete(api: Api, namespace: str, operator, kubelet) -> None:
     ns = namespace
-    create(api, ns, "chat", {"resources": {"gpus": 0}, "runtime": {"dtype": "float32"}})
-    stored = get(api, ns, "chat")
+    create_isvc(api, ns, "chat", {"resources": {"gpus": 0}, "runtime": {"dtype": "float32"}})
+    stored = get_isvc(api, ns, "chat")
     assert stored["spec"]["runtime"]["tensorParallel"] == 1  # schema defaults applied by the API server
     assert stored["spec"]["routing"] == {"strategy": "prefixHash", "prefixChars": 256}
 
-    obj = wait_for(ready_at(api, ns, "chat", 1), 60, "Ready=True at generation 1")
+    obj = wait_for_api(ready_at(api, ns, "chat", 1), 60, "Ready=True at generation 1")
     assert obj["status"]["phase"] == "Ready" and obj["status"]["readyReplicas"] == 1
     assert obj["status"]["url"] == f"http://chat.{ns}.svc.cluster.local/v1"
     assert obj["status"]["selector"] == "skiff.dev/inferenceservice=chat,skiff.dev/role=main"
@@ -82,14 +65,14 @@ def test_lifecycle_create_ready_update_scale_delete(api: Api, namespace: str, op
     # A spec change rolls: the new generation is not Ready until its own pod is, although the old one serves.
     first_hash = dep.metadata.annotations[LABEL_HASH]
     kubelet.hold = True
-    patch_spec(api, ns, "chat", {"runtime": {"dtype": "bfloat16"}})
-    obj = wait_for(ready_at(api, ns, "chat", 2, "False"), 30, "Ready=False at generation 2")
-    wait_for(lambda: len(pods(api, ns, "chat")) == 2, 30, "a surge pod next to the serving one")
-    obj = get(api, ns, "chat")
+    patch_isvc_spec(api, ns, "chat", {"runtime": {"dtype": "bfloat16"}})
+    obj = wait_for_api(ready_at(api, ns, "chat", 2, "False"), 30, "Ready=False at generation 2")
+    wait_for_api(lambda: len(pods(api, ns, "chat")) == 2, 30, "a surge pod next to the serving one")
+    obj = get_isvc(api, ns, "chat")
     assert condition(obj, "Progressing")["status"] == "True" and obj["status"]["phase"] == "Updating"
     kubelet.hold = False
-    wait_for(ready_at(api, ns, "chat", 2), 60, "Ready=True at generation 2")
-    wait_for(lambda: len(pods(api, ns, "chat")) == 1, 30, "the old pod removed")
+    wait_for_api(ready_at(api, ns, "chat", 2), 60, "Ready=True at generation 2")
+    wait_for_api(lambda: len(pods(api, ns, "chat")) == 1, 30, "the old pod removed")
     new_hash = api.apps.read_namespaced_deployment("chat", ns).metadata.annotations[LABEL_HASH]
     assert new_hash != first_hash
     assert all(p.metadata.labels[LABEL_HASH] == new_hash for p in pods(api, ns, "chat"))
@@ -100,109 +83,111 @@ def test_lifecycle_create_ready_update_scale_delete(api: Api, namespace: str, op
     api.custom.patch_namespaced_custom_object_scale(
         GROUP, VERSION, ns, PLURAL, "chat", {"spec": {"replicas": 2}}
     )
-    wait_for(lambda: get(api, ns, "chat")["status"].get("readyReplicas") == 2, 60, "2 ready replicas")
-    obj = wait_for(ready_at(api, ns, "chat", 3), 30, "Ready at generation 3")
+    wait_for_api(
+        lambda: get_isvc(api, ns, "chat")["status"].get("readyReplicas") == 2, 60, "2 ready replicas"
+    )
+    obj = wait_for_api(ready_at(api, ns, "chat", 3), 30, "Ready at generation 3")
     scale = api.custom.get_namespaced_custom_object_scale(GROUP, VERSION, ns, PLURAL, "chat")
     assert scale["status"]["replicas"] == 2 and scale["status"]["selector"] == obj["status"]["selector"]
     assert len([rs for rs in replica_sets(api, ns, "chat") if rs.spec.replicas]) == 1
 
     # Deletion is garbage collection: every child goes with its owner, no finalizer holds it.
-    assert not get(api, ns, "chat")["metadata"].get("finalizers")
+    assert not get_isvc(api, ns, "chat")["metadata"].get("finalizers")
     api.custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "chat")
-    wait_for(lambda: not api.apps.list_namespaced_deployment(ns).items, 60, "Deployment collected")
-    wait_for(lambda: not api.core.list_namespaced_service(ns).items, 60, "Services collected")
-    wait_for(lambda: not pods(api, ns, "chat"), 60, "pods collected")
+    wait_for_api(lambda: not api.apps.list_namespaced_deployment(ns).items, 60, "Deployment collected")
+    wait_for_api(lambda: not api.core.list_namespaced_service(ns).items, 60, "Services collected")
+    wait_for_api(lambda: not pods(api, ns, "chat"), 60, "pods collected")
 
 
 def test_missing_model_degrades_then_recovers(api: Api, namespace: str, operator, kubelet) -> None:
     ns = namespace
-    create(
+    create_isvc(
         api, ns, "lost", {"model": {"source": "file:///nonexistent/models/qwen"}, "resources": {"gpus": 0}}
     )
 
     def degraded():
-        c = condition(get(api, ns, "lost"), "Degraded")
+        c = condition(get_isvc(api, ns, "lost"), "Degraded")
         return c if c.get("status") == "True" else None
 
-    c = wait_for(degraded, 60, "Degraded=True")
+    c = wait_for_api(degraded, 60, "Degraded=True")
     assert c["reason"] == "ModelUnavailable"
     assert "model not found: /nonexistent/models/qwen does not exist" in c["message"]  # from `skiff download`
-    obj = get(api, ns, "lost")
+    obj = get_isvc(api, ns, "lost")
     assert condition(obj, "Ready")["status"] == "False" and obj["status"]["phase"] == "Degraded"
     warnings = api.core.list_namespaced_event(
         ns, field_selector="involvedObject.name=lost,type=Warning"
     ).items
     assert any(e.reason == "ModelUnavailable" for e in warnings)
 
-    patch_spec(api, ns, "lost", {"model": {"source": f"file://{embedded_model_path()}"}})
-    obj = wait_for(ready_at(api, ns, "lost", 2), 90, "Ready after fixing the source")
+    patch_isvc_spec(api, ns, "lost", {"model": {"source": f"file://{embedded_model_path()}"}})
+    obj = wait_for_api(ready_at(api, ns, "lost", 2), 90, "Ready after fixing the source")
     assert condition(obj, "Degraded")["status"] == "False"
     assert condition(obj, "ModelReady")["reason"] == "ModelAvailable"
+
+
+def children_uids(api: Api, ns: str, name: str) -> dict:
+    """The uids of everything the InferenceService owns, directly or through its Deployment."""
+    return {
+        "deployment": api.apps.read_namespaced_deployment(name, ns).metadata.uid,
+        "services": sorted(s.metadata.uid for s in api.core.list_namespaced_service(ns).items),
+        "replicasets": sorted(rs.metadata.uid for rs in replica_sets(api, ns, name)),
+        "pods": sorted(p.metadata.uid for p in pods(api, ns, name)),
+    }
 
 
 def test_operator_restart_creates_no_duplicates(api: Api, namespace: str, kubelet) -> None:
     ns = namespace
     with running_operator(ns):
-        create(api, ns, "stable", {"resources": {"gpus": 0}})
-        wait_for(ready_at(api, ns, "stable", 1), 60, "Ready before the restart")
-    before = {
-        "deployment": api.apps.read_namespaced_deployment("stable", ns).metadata.uid,
-        "services": sorted(s.metadata.uid for s in api.core.list_namespaced_service(ns).items),
-        "replicasets": sorted(rs.metadata.uid for rs in replica_sets(api, ns, "stable")),
-        "pods": sorted(p.metadata.uid for p in pods(api, ns, "stable")),
-    }
-    transition = condition(get(api, ns, "stable"), "Ready")["lastTransitionTime"]
+        create_isvc(api, ns, "stable", {"resources": {"gpus": 0}})
+        wait_for_api(ready_at(api, ns, "stable", 1), 60, "Ready before the restart")
+    before = children_uids(api, ns, "stable")
+    transition = condition(get_isvc(api, ns, "stable"), "Ready")["lastTransitionTime"]
     with running_operator(ns):
-        patch_spec(api, ns, "stable", {"service": {"annotations": {"team": "ml"}}})  # touches no pod
-        wait_for(
+        patch_isvc_spec(api, ns, "stable", {"service": {"annotations": {"team": "ml"}}})  # touches no pod
+        wait_for_api(
             lambda: api.core.read_namespaced_service("stable", ns).metadata.annotations, 30, "annotation"
         )
-        wait_for(ready_at(api, ns, "stable", 2), 30, "Ready at generation 2")
-    after = {
-        "deployment": api.apps.read_namespaced_deployment("stable", ns).metadata.uid,
-        "services": sorted(s.metadata.uid for s in api.core.list_namespaced_service(ns).items),
-        "replicasets": sorted(rs.metadata.uid for rs in replica_sets(api, ns, "stable")),
-        "pods": sorted(p.metadata.uid for p in pods(api, ns, "stable")),
-    }
+        wait_for_api(ready_at(api, ns, "stable", 2), 30, "Ready at generation 2")
+    after = children_uids(api, ns, "stable")
     assert after == before
-    assert condition(get(api, ns, "stable"), "Ready")["lastTransitionTime"] == transition
+    assert condition(get_isvc(api, ns, "stable"), "Ready")["lastTransitionTime"] == transition
 
 
 def test_invalid_crs(api: Api, namespace: str, operator) -> None:
     ns = namespace
     with pytest.raises(kubernetes.client.exceptions.ApiException) as err:
-        create(api, ns, "bad-tp", {"runtime": {"tensorParallel": 3}})
+        create_isvc(api, ns, "bad-tp", {"runtime": {"tensorParallel": 3}})
     assert err.value.status == 422 and "spec.runtime.tensorParallel" in err.value.body
     with pytest.raises(kubernetes.client.exceptions.ApiException) as err:
-        create(api, ns, "bad-src", {"model": {"source": "s3://bucket/model"}})
+        create_isvc(api, ns, "bad-src", {"model": {"source": "s3://bucket/model"}})
     assert err.value.status == 422 and "spec.model.source" in err.value.body
     # A cross-field (CEL) rule: Kubernetes >= 1.25 rejects it at admission; 1.20 ignores CEL, so the
     # operator's own check stops it and says why.
-    create(api, ns, "bad-gpus", {"runtime": {"tensorParallel": 4}, "resources": {"gpus": 2}})
+    create_isvc(api, ns, "bad-gpus", {"runtime": {"tensorParallel": 4}, "resources": {"gpus": 2}})
 
     def degraded():
-        c = condition(get(api, ns, "bad-gpus"), "Degraded")
+        c = condition(get_isvc(api, ns, "bad-gpus"), "Degraded")
         return c if c.get("status") == "True" else None
 
-    c = wait_for(degraded, 30, "Degraded for the CEL violation")
+    c = wait_for_api(degraded, 30, "Degraded for the CEL violation")
     assert c["reason"] == "ReconcileFailed"
     assert "resources.gpus must be 0 (CPU) or at least runtime.tensorParallel" in c["message"]
     assert not api.apps.list_namespaced_deployment(ns).items
-    patch_spec(api, ns, "bad-gpus", {"resources": {"gpus": 4}})
-    wait_for(lambda: api.apps.list_namespaced_deployment(ns).items, 30, "Deployment after the fix")
+    patch_isvc_spec(api, ns, "bad-gpus", {"resources": {"gpus": 4}})
+    wait_for_api(lambda: api.apps.list_namespaced_deployment(ns).items, 30, "Deployment after the fix")
 
 
 def test_autoscaler_owns_replicas_and_deleted_children_return(
     api: Api, namespace: str, operator, kubelet
 ) -> None:
     ns = namespace
-    create(
+    create_isvc(
         api,
         ns,
         "elastic",
         {"resources": {"gpus": 0}, "autoscaling": {"mode": "operator", "minReplicas": 1, "maxReplicas": 3}},
     )
-    wait_for(ready_at(api, ns, "elastic", 1), 60, "Ready with the default single replica")
+    wait_for_api(ready_at(api, ns, "elastic", 1), 60, "Ready with the default single replica")
     dep = api.apps.read_namespaced_deployment("elastic", ns)
     ours = [m for m in dep.metadata.managed_fields if m.manager == FIELD_MANAGER]
     assert ours and all("f:replicas" not in (m.fields_v1 or {}).get("f:spec", {}) for m in ours)
@@ -211,10 +196,12 @@ def test_autoscaler_owns_replicas_and_deleted_children_return(
     api.custom.patch_namespaced_custom_object_scale(
         GROUP, VERSION, ns, PLURAL, "elastic", {"spec": {"replicas": 2}}
     )
-    wait_for(lambda: get(api, ns, "elastic")["status"].get("readyReplicas") == 2, 60, "2 ready replicas")
-    patch_spec(api, ns, "elastic", {"runtime": {"dtype": "float32"}})  # a reconcile that rolls the pods
-    wait_for(ready_at(api, ns, "elastic", 2), 90, "Ready at generation 2")
+    wait_for_api(
+        lambda: get_isvc(api, ns, "elastic")["status"].get("readyReplicas") == 2, 60, "2 ready replicas"
+    )
+    patch_isvc_spec(api, ns, "elastic", {"runtime": {"dtype": "float32"}})  # a reconcile that rolls the pods
+    wait_for_api(ready_at(api, ns, "elastic", 2), 90, "Ready at generation 2")
     assert api.apps.read_namespaced_deployment("elastic", ns).spec.replicas == 2  # not reset by our apply
 
     api.core.delete_namespaced_service("elastic", ns, _preload_content=False)  # 1.20 answers a Status
-    wait_for(lambda: api.core.read_namespaced_service("elastic", ns), 30, "the Service recreated")
+    wait_for_api(lambda: api.core.read_namespaced_service("elastic", ns), 30, "the Service recreated")

@@ -8,10 +8,11 @@ import os
 import kubernetes_validate
 import pytest
 import yaml
-from op_helpers import ROOT, example_crs, isvc, with_identity
+from op_helpers import example_crs, isvc, with_identity
 from skiff_operator.metadata import LABEL_HASH, LABEL_ISVC
 from skiff_operator.render import OperatorSettings, desired_children, serve_command
 from skiff_operator.spec import parse_spec
+from support.paths import ROOT
 
 K8S_VERSIONS = ["1.29.0", "1.33.0", "1.37.0"]
 GOLDEN = ROOT / "tests/operator/golden"

@@ -1,16 +1,14 @@
+"""A real kube-apiserver with Skiff's CRDs, for the router's Kubernetes discovery tests."""
+
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
+from support.kube import Api, kube_api
 
 
 @pytest.fixture(scope="module")
-def kube():
-    from kube_fixture import kube_api
-
-    with kube_api() as client:
-        yield client
+def kube() -> Iterator[Api]:
+    with kube_api() as api:
+        yield api

@@ -1,4 +1,4 @@
-"""A small OpenAI-shaped backend over real HTTP, and helpers to run ASGI apps on 127.0.0.1 in threads.
+"""A small OpenAI-shaped backend, to serve over real HTTP with support.asgi.ServerThread.
 
 The fake backend answers with its own name so tests can see where a request went; the integration tests
 in test_router_serve.py use real `skiff serve` processes instead.
@@ -8,44 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
-import time
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-
-
-class ServerThread:
-    def __init__(self, app, port: int = 0) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", port))
-        self.port = self.sock.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            if time.monotonic() > deadline:
-                raise RuntimeError("server did not start")
-            time.sleep(0.01)
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-        self.sock.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def fake_backend(

@@ -9,9 +9,11 @@ import httpx
 import openai
 import pytest
 import yaml
-from fakes import ServerThread, fake_backend, free_port
+from fakes import fake_backend
 from skiff_router.app import RouterConfig, create_app
 from skiff_router.discovery import StaticSource
+from support.asgi import ServerThread
+from support.ports import free_port
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -10,18 +10,16 @@ test_router_serve.py."""
 from __future__ import annotations
 
 import base64
-import os
 import threading
 
 import httpx
-import kubernetes
 import openai
 import pytest
-from fakes import ServerThread
-from kube_fixture import wait_for
 from skiff_contract import GROUP, PLURAL, VERSION
 from skiff_router.app import RouterConfig, create_app
 from skiff_router.kube import KubeSource
+from support.asgi import ServerThread
+from support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(240)
 NS = "default"
@@ -76,7 +74,7 @@ def serve_pod(core, name: str, port: int, ip: str) -> None:
 
 
 def test_discovery_keys_and_scale_from_zero_on_a_real_api(kube):
-    core, custom = kubernetes.client.CoreV1Api(kube), kubernetes.client.CustomObjectsApi(kube)
+    core, custom = kube.core, kube.custom
     core.create_namespaced_secret(
         NS, {"metadata": {"name": "smol-pod-key"}, "data": {"token": b64("sk-pod")}}
     )
@@ -102,7 +100,7 @@ def test_discovery_keys_and_scale_from_zero_on_a_real_api(kube):
     )
     custom.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, isvc("cold", 0))
     serve_pod(core, "smol", 8000, "192.0.2.10")
-    source = KubeSource(namespaces=(NS,), interval=0.3, kubeconfig=os.environ["SKIFF_TEST_KUBECONFIG"])
+    source = KubeSource(namespaces=(NS,), interval=0.3, kubeconfig=kube.kubeconfig)
     app = create_app(source, RouterConfig(hold_timeout=6, retry_after=9))
     router = ServerThread(app)
     url = f"http://{router.address}"

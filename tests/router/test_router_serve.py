@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 import yaml
-from procs import Proc, metric, serve
+from support.serve import PythonService, metric_sum, small_backend
 
 pytestmark = pytest.mark.timeout(600)
 BOOT = 400.0
@@ -27,13 +27,14 @@ SYSTEM = (
 class Cluster:
     def __init__(self, tmp) -> None:
         self.file = tmp / "discovery.yaml"
-        self.a, self.b = serve("smol"), serve("smol")
-        self.c = serve("smol-alt", "--api-key", "sk-pod-c")
+        self.a, self.b = small_backend("smol"), small_backend("smol")
+        self.c = small_backend("smol-alt", "--api-key", "sk-pod-c")
         self.services: dict[str, dict] = {}
         self.keys = [{"name": "tenant", "key": "sk-tenant", "models": ["smol"], "rpm": 1000, "tpm": 60}]
         self.set("smol", endpoints=[self.a.address, self.b.address], strategy="prefixHash", prefixChars=96)
         self.set("smol-alt", endpoints=[], replicas=0, apiKey="sk-pod-c")
-        self.router = Proc(
+        self.router = PythonService(
+            "skiff_router.main",
             [
                 "--static",
                 str(self.file),
@@ -48,7 +49,7 @@ class Cluster:
                 "--log-level",
                 "warning",
             ],
-            module="skiff_router.main",
+            name="skiff-router",
         )
 
     def set(self, model: str, **fields) -> None:
@@ -106,8 +107,8 @@ def test_held_requests_complete_once_a_backend_starts(cluster):
     for t in threads:
         t.start()
     time.sleep(2)
-    assert metric(c.router.url, "skiff_router_held") == 2
-    assert metric(c.router.url, "skiff_router_scale_from_zero_total") == 1
+    assert metric_sum(c.router.url, "skiff_router_held") == 2
+    assert metric_sum(c.router.url, "skiff_router_scale_from_zero_total") == 1
     c.c.wait_ready(BOOT)  # the scale-up: C finished loading ...
     c.set("smol-alt", endpoints=[c.c.address], replicas=1)  # ... and discovery lists it
     for t in threads:
@@ -117,7 +118,7 @@ def test_held_requests_complete_once_a_backend_starts(cluster):
     assert any(line.startswith(": skiff: waiting for a ready replica of smol-alt") for line in lines)
     assert lines[-1] == "data: [DONE]" or lines[-2:] == ["data: [DONE]", ""]
     assert sum('"delta"' in line for line in lines) >= 2
-    assert metric(c.router.url, "skiff_router_held") == 0
+    assert metric_sum(c.router.url, "skiff_router_held") == 0
 
 
 def test_routes_by_model_with_real_backends(cluster):
@@ -155,7 +156,7 @@ def cache_hit_fraction(c: Cluster, strategy: str, tag: str) -> float:
     """Cached prompt tokens / prompt tokens over A and B for a shared-prefix workload under `strategy`."""
     c.set("smol", strategy=strategy)
     before = [
-        (metric(p.url, "sglang:cached_tokens_total"), metric(p.url, "sglang:prompt_tokens_total"))
+        (metric_sum(p.url, "sglang:cached_tokens_total"), metric_sum(p.url, "sglang:prompt_tokens_total"))
         for p in (c.a, c.b)
     ]
     client = c.client()
@@ -172,7 +173,7 @@ def cache_hit_fraction(c: Cluster, strategy: str, tag: str) -> float:
                 ],
             )
     after = [
-        (metric(p.url, "sglang:cached_tokens_total"), metric(p.url, "sglang:prompt_tokens_total"))
+        (metric_sum(p.url, "sglang:cached_tokens_total"), metric_sum(p.url, "sglang:prompt_tokens_total"))
         for p in (c.a, c.b)
     ]
     cached = sum(a[0] - b[0] for a, b in zip(after, before, strict=True))
@@ -198,4 +199,4 @@ def test_a_killed_backend_is_routed_around(cluster):
     for i in range(4):
         raw = client.completions.with_raw_response.create(model="smol", prompt=f"Count {i}:", max_tokens=1)
         assert raw.headers["x-skiff-backend"] == c.a.address
-    assert metric(c.router.url, "skiff_router_retries_total") >= 1
+    assert metric_sum(c.router.url, "skiff_router_retries_total") >= 1

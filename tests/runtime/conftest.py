@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from skiff_rt_helpers import LIVE_ENGINES, assert_engine_clean, build_random_model, make_llm
+from skiff_rt_helpers import LIVE_ENGINES, assert_engine_clean, make_llm
+from support.random_models import build_random_model
 
 
 @pytest.fixture(autouse=True)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 from skiff import SamplingParams
-from skiff_rt_helpers import RANDOM_MODELS, hf_logits_fn, random_prompts, teacher_forced_divergences
+from skiff_rt_helpers import hf_logits_fn, random_prompts, teacher_forced_divergences
+from support.random_models import RANDOM_MODELS
 
 MODELS = [n for n in RANDOM_MODELS if n != "tiny_llama"]
 

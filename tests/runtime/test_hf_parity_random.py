@@ -8,13 +8,13 @@ import pytest
 import torch
 from skiff import SamplingParams
 from skiff_rt_helpers import (
-    RANDOM_MODELS,
     assert_divergences_acceptable,
     hf_greedy,
     hf_logits_fn,
     random_prompts,
     teacher_forced_divergences,
 )
+from support.random_models import RANDOM_MODELS
 
 NEW_TOKENS = 64
 PARITY_MODELS = [n for n in RANDOM_MODELS if n != "tiny_llama"]

@@ -11,6 +11,7 @@ import textwrap
 import pytest
 from skiff import SamplingParams
 from skiff_rt_helpers import assert_same_greedy, make_llm, random_prompts
+from support.process import Process
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 SAMPLED = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=8, seed=5, ignore_eos=True)
@@ -66,19 +67,13 @@ def test_tp1_and_tp2_engines_coexist(random_model, tmp_path):
         print("OK")
     """)
     # its own session, so that a hang takes the TP follower process down with it
-    proc = subprocess.Popen(
-        [sys.executable, "-c", script],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = Process([sys.executable, "-c", script], log_path=tmp_path / "tp.log", new_session=True)
     try:
-        out, err = proc.communicate(timeout=120)
+        proc.proc.wait(timeout=120)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+        proc.proc.wait()
         pytest.fail(
             "a tp=1 LLM hangs once a tp=2 LLM exists in the same process (TP state is process-global)"
         )
-    assert proc.returncode == 0 and "OK" in out, err[-3000:]
+    assert proc.proc.returncode == 0 and "OK" in proc.log(), proc.log(3000)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from serve_harness import ServerProcess
+from support.serve import ServerProcess
 
 
 @pytest.fixture(scope="session")

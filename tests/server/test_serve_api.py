@@ -9,9 +9,21 @@ import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from serve_harness import ServerProcess, wait_idle
+from support.serve import ServerProcess
 
 PARIS = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def fixed_length(client: openai.OpenAI, prompt, max_tokens: int, **kw):
+    """A greedy completion that runs to exactly `max_tokens` (EOS ignored)."""
+    return client.completions.create(
+        model="SmolLM2-135M-Instruct",
+        prompt=prompt,
+        max_tokens=max_tokens,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+        **kw,
+    )
 
 
 def metric_values(text: str) -> dict[str, float]:
@@ -70,18 +82,10 @@ def test_stream_equals_non_stream(client: openai.OpenAI) -> None:
 
 
 def test_max_tokens_and_usage(client: openai.OpenAI) -> None:
-    r = client.completions.create(
-        model="SmolLM2-135M-Instruct",
-        prompt="Once upon a time",
-        max_tokens=7,
-        temperature=0,
-        extra_body={"ignore_eos": True},
-    )
+    r = fixed_length(client, "Once upon a time", 7)
     assert r.choices[0].finish_reason == "length"
     assert r.usage.completion_tokens == 7
-    tok_count = client.completions.create(
-        model="SmolLM2-135M-Instruct", prompt=[[1, 2, 3, 4, 5]], max_tokens=3, extra_body={"ignore_eos": True}
-    )
+    tok_count = fixed_length(client, [[1, 2, 3, 4, 5]], 3)
     assert tok_count.usage.prompt_tokens == 5 and tok_count.usage.completion_tokens == 3
     assert tok_count.usage.total_tokens == 8
     chat = client.chat.completions.create(
@@ -116,14 +120,7 @@ def test_stop_strings(client: openai.OpenAI) -> None:
 
 
 def test_completions_logprobs(client: openai.OpenAI) -> None:
-    r = client.completions.create(
-        model="SmolLM2-135M-Instruct",
-        prompt="The capital of France is",
-        max_tokens=5,
-        temperature=0,
-        logprobs=3,
-        extra_body={"ignore_eos": True},
-    )
+    r = fixed_length(client, "The capital of France is", 5, logprobs=3)
     lp = r.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 5
     assert "".join(lp.tokens) == r.choices[0].text
@@ -189,12 +186,7 @@ def test_metrics_parse_and_move(server: ServerProcess, client: openai.OpenAI) ->
     ]:
         assert name in before, name
     assert any(k.startswith("sglang:cache_config_info{num_pages=") for k in before)
-    client.completions.create(
-        model="SmolLM2-135M-Instruct",
-        prompt="Count: one, two,",
-        max_tokens=9,
-        extra_body={"ignore_eos": True},
-    )
+    fixed_length(client, "Count: one, two,", 9)
     after = metric_values(server.metrics_text())
     assert after["sglang:generation_tokens_total"] - before["sglang:generation_tokens_total"] == 9
     assert after["sglang:prompt_tokens_total"] > before["sglang:prompt_tokens_total"]
@@ -258,7 +250,7 @@ def test_200_concurrent_streams_then_no_page_leak(server: ServerProcess) -> None
     assert len(results) == 200
     assert all(want == got for want, got, _ in results), [r[:2] for r in results if r[0] != r[1]][:5]
     assert all(text for _, _, text in results)
-    report = wait_idle(server)
+    report = server.wait_idle()
     assert report["ok"], report
     assert report["stats"]["used_pages"] == 0
     values = metric_values(server.metrics_text())
@@ -285,7 +277,7 @@ def test_disconnect_mid_stream_frees_pages(server: ServerProcess) -> None:
         assert running["used_pages"] > 0
     # the client is gone: the request must be aborted and its pages freed long before 1500 tokens
     t0 = time.monotonic()
-    report = wait_idle(server, timeout=20)
+    report = server.wait_idle(timeout=20)
     assert report["ok"] and report["stats"]["used_pages"] == 0
     assert time.monotonic() - t0 < 20
 
@@ -294,5 +286,5 @@ def test_disconnect_mid_stream_frees_pages(server: ServerProcess) -> None:
         httpx.post(
             server.url + "/v1/completions", headers=server.headers, json=body | {"stream": False}, timeout=2
         )
-    report = wait_idle(server, timeout=20)
+    report = server.wait_idle(timeout=20)
     assert report["ok"] and report["stats"]["used_pages"] == 0

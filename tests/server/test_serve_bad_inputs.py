@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-from serve_harness import API_KEY, ServerProcess
+from support.serve import API_KEY, ServerProcess
 
 M = "SmolLM2-135M-Instruct"
 USER = [{"role": "user", "content": "Hi"}]
