@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import httpx
@@ -61,3 +62,29 @@ def metric(url: str, name: str) -> float:
     return sum(
         s.value for family in text_string_to_metric_families(text) for s in family.samples if s.name == name
     )
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    kids: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        kids.extend(int(k) for k in task.read_text().split())
+    return kids
+
+
+def cpu_seconds_by_name(root: int) -> dict[str, float]:
+    totals: dict[str, float] = defaultdict(float)
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            todo.extend(_children(pid))
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        totals[name] += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime
+    return dict(totals)

@@ -13,67 +13,65 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
+from servers import cpu_seconds_by_name, free_port, start, stop, wait_healthy
 from skiff.bench.load_clients import run_clients, saturation_note
-from skiff.bench.processes import ServerProcess, free_port
 from skiff.bench.serve_client import ServeTarget, summarize
 from skiff.bench.workloads import PromptMaker, random_workload
 from skiff.tokenizer import load_tokenizer
 
 
-def start_server(args: argparse.Namespace, work: Path) -> ServerProcess:
+@dataclass
+class Server:
+    proc: subprocess.Popen
+    url: str
+
+
+def start_server(args: argparse.Namespace, work: Path) -> Server:
     port = free_port()
-    argv = ["skiff.cli", "serve", "--null-engine", "--host", "127.0.0.1", "--port", str(port)]
-    argv += ["--max-running-requests", str(max(args.streams) * 2), "--served-model-name", "null"]
+    argv = ["serve", "--null-engine", "--host", "127.0.0.1", "--served-model-name", "null"]
+    argv += ["--max-running-requests", str(max(args.streams) * 2)]
     if args.model:
         argv += ["--model", args.model]
-    server = ServerProcess.start(argv + args.serve_args, port, work / "server.log")
-    server.wait_ready(timeout=600)
+    server = Server(start(argv + args.serve_args, port, work / "server.log"), f"http://127.0.0.1:{port}")
+    wait_healthy(server.url, server.proc, 600)
     return server
 
 
-def start_router(backend: ServerProcess, work: Path) -> ServerProcess:
+def start_router(backend: Server, work: Path) -> Server:
     port = free_port()
     static = work / "routes.yaml"
-    address = backend.url.removeprefix("http://")
-    static.write_text(
-        yaml.safe_dump({"services": [{"name": "null", "models": ["null"], "endpoints": [address]}]})
+    route = {"name": "null", "models": ["null"], "endpoints": [backend.url.removeprefix("http://")]}
+    static.write_text(yaml.safe_dump({"services": [route]}))
+    argv = ["--static", str(static), "--host", "127.0.0.1", "--log-level", "warning"]
+    router = Server(
+        start(argv, port, work / "router.log", module="skiff_router.main"), f"http://127.0.0.1:{port}"
     )
-    argv = ["skiff_router.main", "--static", str(static), "--host", "127.0.0.1", "--port", str(port)]
-    router = ServerProcess.start(argv + ["--log-level", "warning"], port, work / "router.log")
-    router.wait_ready(path="/health", timeout=60)
+    wait_healthy(router.url, router.proc, 60)
     deadline = time.monotonic() + 30  # the route is read from the file shortly after start
-    while time.monotonic() < deadline and "null" not in router_models(router):
+    while time.monotonic() < deadline and "null" not in httpx.get(router.url + "/v1/models", timeout=5).text:
         time.sleep(0.2)
     return router
 
 
-def router_models(router: ServerProcess) -> str:
-    import httpx
-
-    try:
-        return httpx.get(router.url + "/v1/models", timeout=2.0).text
-    except httpx.HTTPError:
-        return ""
-
-
-def measure(
-    url: str, server: ServerProcess, streams: int, args: argparse.Namespace, tok: Any
-) -> dict[str, Any]:
+def measure(url: str, server: Server, streams: int, args: argparse.Namespace, tok: Any) -> dict[str, Any]:
     maker = PromptMaker(tok, random.Random(streams))
     num = max(args.min_requests, streams * args.rounds)
     reqs = random_workload(maker, num, args.input_len, args.output_len, 1.0, as_ids=False)
     target = ServeTarget(url + "/v1", "null", "completions", None, ignore_eos=True, temperature=0.0)
-    before = server.cpu_seconds()
+    before = cpu_seconds_by_name(server.proc.pid)
     results, duration, clients = run_clients(
         target, reqs, float("inf"), streams, seed=0, num_clients=args.num_clients, progress=False
     )
-    after = server.cpu_seconds()
+    after = cpu_seconds_by_name(server.proc.pid)
     s = summarize(results, duration)
     per_k = 1000.0 / max(1, s["output_tokens"])
     cpu = {name: round((after[name] - before.get(name, 0.0)) * per_k, 4) for name in after}
@@ -136,9 +134,7 @@ def main() -> None:
                     out["router"].append(measure(router.url, server, streams, args, tok))
                     print(row("router", out["router"][-1]), flush=True)
         finally:
-            if router is not None:
-                router.stop()
-            server.stop()
+            stop([p.proc for p in (router, server) if p is not None])
     for d, r in zip(out["direct"], out["router"], strict=False):
         print(
             f"router overhead at {d['streams']} streams: {100 * (1 - r['output_tok_s'] / d['output_tok_s']):.1f} %"

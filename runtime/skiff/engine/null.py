@@ -96,20 +96,10 @@ class NullEngine:
         return None
 
     def stats(self) -> EngineStats:
-        return EngineStats(
-            num_running=len(self.running),
-            num_queued=len(self.waiting),
-            total_pages=0,
-            free_pages=0,
-            cached_pages=0,
-            used_pages=0,
-            token_usage=0.0,
-            cache_hit_tokens=0,
-            prompt_tokens=self.prompt_tokens,
-            generation_tokens=self.generation_tokens,
-            num_preemptions=0,
-            page_size=self.cfg.page_size,
+        counts = dict(
+            num_running=len(self.running), num_queued=len(self.waiting), prompt_tokens=self.prompt_tokens
         )
+        return EngineStats(**counts, generation_tokens=self.generation_tokens, page_size=self.cfg.page_size)
 
     def check_integrity(self) -> None:
         """No pages to account for."""
