@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from skiff.params import SamplingParams
 from skiff.server.engine_client import EngineClient
 from skiff.server.errors import ApiError, error_body
 from skiff.server.messages import DecodeOptions, DetokenizedChunk, Prompt, RequestFailed, TokenLogprob
+
+# UTF-8 as is, like json.dumps(ensure_ascii=False), and several times faster
+_json = msgspec.json.Encoder().encode
 
 
 @dataclass
@@ -64,26 +68,36 @@ class Job:
             self.client.abort(rid)
 
     async def events(self) -> AsyncIterator[tuple[int, DetokenizedChunk]]:
-        """(choice index, chunk) until every choice has finished; a RequestFailed raises ApiError."""
+        """(choice index, chunk) until every choice has finished; a RequestFailed raises ApiError.
+
+        What arrived while the consumer was busy comes as one chunk per choice: a slow client gets fewer,
+        larger SSE events instead of falling further behind."""
         try:
             while self._open:
-                index, item = await self.sink.get()
-                if isinstance(item, RequestFailed):
-                    raise ApiError(
-                        item.status, item.message, code="engine_error" if item.status >= 500 else None
-                    )
-                if item.error:
-                    raise ApiError(500, f"generation failed: {item.error}", code="engine_error")
-                c = self.choices[index]
-                c.text.append(item.text)
-                if item.logprobs:
-                    c.logprobs.extend(item.logprobs)
-                c.prompt_tokens, c.cached_tokens = item.prompt_tokens, item.cached_tokens
-                c.completion_tokens = item.completion_tokens
-                if item.finish_reason is not None:
-                    c.finish_reason, c.matched_stop = item.finish_reason, item.matched_stop
-                    self._open -= 1
-                yield index, item
+                arrived = [await self.sink.get()]
+                while not self.sink.empty():
+                    arrived.append(self.sink.get_nowait())
+                merged: dict[int, DetokenizedChunk] = {}
+                for index, item in arrived:
+                    if isinstance(item, RequestFailed):
+                        raise ApiError(
+                            item.status, item.message, code="engine_error" if item.status >= 500 else None
+                        )
+                    if item.error:
+                        raise ApiError(500, f"generation failed: {item.error}", code="engine_error")
+                    earlier = merged.get(index)
+                    merged[index] = item if earlier is None else earlier.then(item)
+                for index, item in merged.items():
+                    c = self.choices[index]
+                    c.text.append(item.text)
+                    if item.logprobs:
+                        c.logprobs.extend(item.logprobs)
+                    c.prompt_tokens, c.cached_tokens = item.prompt_tokens, item.cached_tokens
+                    c.completion_tokens = item.completion_tokens
+                    if item.finish_reason is not None:
+                        c.finish_reason, c.matched_stop = item.finish_reason, item.matched_stop
+                        self._open -= 1
+                    yield index, item
         finally:
             if self._open:  # disconnect, failure or cancellation: free what is still running
                 self.abort()
@@ -158,7 +172,7 @@ class Job:
             pass
         return self.final_body()
 
-    def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> str:
+    def _chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> bytes:
         body: dict[str, Any] = {
             "id": self.id,
             "object": "chat.completion.chunk" if self.chat else "text_completion",
@@ -168,9 +182,9 @@ class Job:
         }
         if usage is not None:
             body["usage"] = usage
-        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+        return b"data: " + _json(body) + b"\n\n"
 
-    async def stream(self, include_usage: bool) -> AsyncIterator[str]:
+    async def stream(self, include_usage: bool) -> AsyncIterator[bytes]:
         offsets = [0] * len(self.choices)
         try:
             if self.chat:
@@ -203,6 +217,6 @@ class Job:
                 yield self._chunk([choice])
             if include_usage:
                 yield self._chunk([], self.usage())
-            yield "data: [DONE]\n\n"
+            yield b"data: [DONE]\n\n"
         except ApiError as e:  # the stream has started: report in-band, then end it
-            yield f"data: {json.dumps(error_body(e.status, e.message, e.param, e.code))}\n\n"
+            yield b"data: " + _json(error_body(e.status, e.message, e.param, e.code)) + b"\n\n"

@@ -112,6 +112,17 @@ class DetokenizedChunk(msgspec.Struct, frozen=True, array_like=True):
     completion_tokens: int
     error: str | None
 
+    def then(self, later: DetokenizedChunk) -> DetokenizedChunk:
+        """This chunk and the same request's next one as one (the later one's counts and finish win)."""
+        logprobs = (
+            None
+            if self.logprobs is None and later.logprobs is None
+            else [*(self.logprobs or []), *(later.logprobs or [])]
+        )
+        return msgspec.structs.replace(
+            later, text=self.text + later.text, n_tokens=self.n_tokens + later.n_tokens, logprobs=logprobs
+        )
+
 
 class DetokenizedChunks(Message):
     """Detokenizer -> API: every chunk of one detokenizer pass."""
