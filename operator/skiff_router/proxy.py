@@ -108,14 +108,14 @@ async def relay_sse(up: Upstream, strip_usage_chunk: bool) -> AsyncIterator[byte
     try:
         async for chunk in up.response.aiter_raw():
             buffer += chunk
-            while True:
-                cut = _event_end(buffer)
-                if cut < 0:
-                    break
+            ready = []  # the complete events of this read, forwarded in one write
+            while (cut := _event_end(buffer)) >= 0:
                 event, buffer = buffer[:cut], buffer[cut:]
                 if _note_usage(event, up.usage) and strip_usage_chunk:
                     continue
-                yield event
+                ready.append(event)
+            if ready:
+                yield b"".join(ready)
         if buffer:
             yield buffer
     finally:
@@ -130,6 +130,10 @@ def _event_end(buffer: bytes) -> int:
 
 def _note_usage(event: bytes, usage: Usage) -> bool:
     """Record usage from one `data:` event; True when the event carries only usage (no choices)."""
+    if b'"usage"' not in event:  # most events: no JSON parse on the per-token path
+        if not usage.reported and event.startswith(b"data:") and b'"choices"' in event:
+            usage.completion_tokens += 1
+        return False
     for line in event.splitlines():
         if not line.startswith(b"data:"):
             continue
