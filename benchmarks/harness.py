@@ -32,7 +32,9 @@ _request_ids = itertools.count()
 
 
 def out_dir() -> Path:
-    return Path(os.environ.get("OUT") or Path(tempfile.gettempdir()) / "skiff_gpu_out")
+    path = Path(os.environ.get("OUT") or Path(tempfile.gettempdir()) / "skiff_gpu_out")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def models_dir() -> Path:
