@@ -41,6 +41,8 @@ def start_server(args: argparse.Namespace, work: Path) -> Server:
     argv += ["--max-running-requests", str(max(args.streams) * 2)]
     if args.model:
         argv += ["--model", args.model]
+    if args.tokenizer:
+        argv += ["--tokenizer", args.tokenizer]
     server = Server(start(argv + args.serve_args, port, work / "server.log"), f"http://127.0.0.1:{port}")
     wait_healthy(server.url, server.proc, 600)
     return server
@@ -108,6 +110,7 @@ def main() -> None:
     ap.add_argument(
         "--model", default=None, help="default: the embedded SmolLM2 (only its config and tokenizer)"
     )
+    ap.add_argument("--tokenizer", default=None, help="default: the model's")
     ap.add_argument("--streams", type=int, nargs="+", default=[1, 64, 512])
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=256)
@@ -120,7 +123,7 @@ def main() -> None:
     args = ap.parse_args()
     from skiff.embedded import embedded_model_path
 
-    tok = load_tokenizer(args.model or embedded_model_path())
+    tok = load_tokenizer(args.tokenizer or args.model or embedded_model_path())
     out: dict[str, Any] = {"direct": [], "router": []}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
