@@ -16,7 +16,7 @@ import gc
 import hf_reference as ref
 import pytest
 import torch
-from gpu_setup import BARS, N_NEW, N_PROMPTS, ON_CPU, PREFILL_PROMPTS, requires_device
+from gpu_setup import BARS, N_NEW, N_PROMPTS, ON_CPU, PREFILL_PROMPTS, PREFILL_SLACK, requires_device
 
 pytestmark = [pytest.mark.gpu, requires_device]
 
@@ -59,7 +59,7 @@ def test_prefill_logits_close_to_hf(reference, shape: str, dtype: str) -> None:
     prompts = r.prompts[:PREFILL_PROMPTS]
     hf_same = ref.prefill(r.hf, prompts)
     _, argmax_same = ref.relative_error(r.base.prompt_logits, hf_same)
-    assert argmax_same >= BARS[(shape, dtype)][0], f"prefill argmax agreement {argmax_same}"
+    assert argmax_same >= BARS[(shape, dtype)][0] - PREFILL_SLACK, f"prefill argmax agreement {argmax_same}"
     hf32 = ref.load_reference(r.path, str(next(r.hf.parameters()).device), torch.float32)
     try:
         hf_fp32 = ref.prefill(hf32, prompts)
