@@ -7,7 +7,7 @@ cycling through the request's own prompt ids, so the detokenizer and the API ser
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from skiff.config import EngineConfig
 from skiff.engine.admission import check_prompt
@@ -96,10 +96,14 @@ class NullEngine:
         return None
 
     def stats(self) -> EngineStats:
-        counts = dict(
-            num_running=len(self.running), num_queued=len(self.waiting), prompt_tokens=self.prompt_tokens
-        )
-        return EngineStats(**counts, generation_tokens=self.generation_tokens, page_size=self.cfg.page_size)
+        now = {
+            "num_running": len(self.running),
+            "num_queued": len(self.waiting),
+            "prompt_tokens": self.prompt_tokens,
+            "generation_tokens": self.generation_tokens,
+            "page_size": self.cfg.page_size,
+        }
+        return EngineStats(**{f.name: now.get(f.name, 0) for f in fields(EngineStats)})  # no pages: zeros
 
     def check_integrity(self) -> None:
         """No pages to account for."""

@@ -7,18 +7,18 @@ from dataclasses import dataclass
 
 @dataclass
 class EngineStats:
-    num_running: int = 0
-    num_queued: int = 0
-    total_pages: int = 0
-    free_pages: int = 0
-    cached_pages: int = 0
-    used_pages: int = 0  # private pages of live requests
-    token_usage: float = 0.0  # share of the pool not free
-    cache_hit_tokens: int = 0
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
-    num_preemptions: int = 0
-    page_size: int = 0
+    num_running: int
+    num_queued: int
+    total_pages: int
+    free_pages: int
+    cached_pages: int
+    used_pages: int  # private pages of live requests
+    token_usage: float  # share of the pool not free
+    cache_hit_tokens: int
+    prompt_tokens: int
+    generation_tokens: int
+    num_preemptions: int
+    page_size: int
 
     @property
     def cache_hit_rate(self) -> float:
