@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import math
 import multiprocessing as mp
+import queue
 import time
 from dataclasses import asdict, dataclass
 
@@ -71,8 +72,8 @@ async def measured_load(
     )
 
 
-def _client_main(index: int, args: tuple, go: mp.synchronize.Event, out: mp.Queue) -> None:
-    go.wait()
+def _client_main(index: int, args: tuple, start: mp.synchronize.Barrier, out: mp.Queue) -> None:
+    start.wait()  # every client imported and ready: they begin together
     run = asyncio.run(measured_load(index, *args, progress=False))
     out.put((index, [asdict(r) for r in run.results], run.began, run.duration, asdict(run.report)))
 
@@ -92,24 +93,26 @@ def run_clients(
         run = asyncio.run(measured_load(0, target, requests, request_rate, max_concurrency, seed, progress))
         return run.results, run.duration, [run.report]
     ctx = mp.get_context("spawn")
-    go, out = ctx.Event(), ctx.Queue()
+    start, out = ctx.Barrier(num_clients + 1), ctx.Queue()
     share_conc = None if max_concurrency is None else math.ceil(max_concurrency / num_clients)
     procs = []
     for i in range(num_clients):
         args = (target, requests[i::num_clients], request_rate / num_clients, share_conc, seed + i)
-        p = ctx.Process(target=_client_main, args=(i, args, go, out), name=f"bench-client-{i}", daemon=True)
+        p = ctx.Process(
+            target=_client_main, args=(i, args, start, out), name=f"bench-client-{i}", daemon=True
+        )
         p.start()
         procs.append(p)
-    go.set()
     got = {}
     deadline = time.monotonic() + timeout
     try:
+        start.wait(timeout=120.0)
         while len(got) < num_clients:
             if not all(p.is_alive() or p.exitcode == 0 for p in procs):
                 raise RuntimeError("a load-generator client process failed")
             try:
                 index, results, began, duration, report = out.get(timeout=1.0)
-            except Exception:  # queue.Empty: poll the processes again
+            except queue.Empty:  # poll the processes again
                 if time.monotonic() > deadline:
                     raise TimeoutError("the load-generator clients did not finish in time") from None
                 continue

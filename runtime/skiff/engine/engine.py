@@ -24,9 +24,9 @@ import torch
 
 from skiff.config import EngineConfig
 from skiff.distributed.parallel import destroy_tensor_parallel
-from skiff.engine.admission import check_prompt
 from skiff.engine.loading import checkpoint_dir, eos_token_ids, load_runner
 from skiff.engine.plan import StepPlan, StopFollowers, make_plan, plan_to_batch, prompt_plan
+from skiff.engine.request_rules import check_prompt, context_limit, finish_reason
 from skiff.engine.sampler import DeviceSample, HostSample, SampleInputs, sample, sample_device
 from skiff.engine.stats import EngineStats
 from skiff.engine.tp_workers import PlanPublisher, free_port, spawn_followers
@@ -76,9 +76,7 @@ class Engine:
         self.model_path, weights = checkpoint_dir(cfg)
         self.model_config = self.runner.model_cfg
         self.eos_token_ids = eos_token_ids(self.model_config, weights)
-        self.max_context_len = min(
-            cfg.context_length or self.model_config.max_position, self.model_config.max_position
-        )
+        self.max_context_len = context_limit(cfg, self.model_config)
         self.cache = CACHE_MANAGERS[cfg.cache](self.runner.num_pages, cfg.page_size)
         self.scheduler = Scheduler(cfg, self.cache)
         self.lag = schedule_lag(cfg, self.runner.device)
@@ -175,7 +173,9 @@ class Engine:
             token = result.tokens[i]
             r.output_ids[idx] = token
             self.generation_tokens += 1
-            reason = self._finish_reason(r, token, idx + 1)
+            reason = finish_reason(
+                r.params, token, self.eos_token_ids, len(r.prompt_ids), idx + 1, self.max_context_len
+            )
             if reason is not None:
                 del r.output_ids[idx + 1 :]  # the placeholder of a batch launched after this one
                 r.finish_reason = reason
@@ -195,14 +195,6 @@ class Engine:
                 StepOutput(r.rid, [token], lp, top, reason, r.matched_stop, prompt, cached, idx + 1)
             )
         return outputs
-
-    def _finish_reason(self, r: Req, token: int, num_output: int) -> FinishReason | None:
-        p = r.params
-        if (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:
-            return "stop"
-        if num_output >= p.max_tokens or len(r.prompt_ids) + num_output >= self.max_context_len:
-            return "length"
-        return None
 
     def _end(self, r: Req, reason: FinishReason) -> StepOutput:
         """A request ended outside a step's tokens (aborted, or outgrew the KV pool)."""

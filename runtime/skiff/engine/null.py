@@ -1,7 +1,8 @@
 """An engine without a model, for measuring the serving layer: a step costs nothing.
 
-It keeps the Engine's interface and admission rules. Each step gives every running request its next token,
-cycling through the request's own prompt ids, so the detokenizer and the API server handle real text.
+It keeps the Engine's interface and request rules (engine/request_rules.py). Each step gives every running
+request its next token, cycling through the request's own prompt ids, so the detokenizer and the API server
+handle real text.
 """
 
 from __future__ import annotations
@@ -10,12 +11,12 @@ from collections import deque
 from dataclasses import dataclass, fields
 
 from skiff.config import EngineConfig
-from skiff.engine.admission import check_prompt
 from skiff.engine.loading import checkpoint_dir, eos_token_ids
+from skiff.engine.request_rules import check_prompt, context_limit, finish_reason
 from skiff.engine.stats import EngineStats
 from skiff.loader import read_config
 from skiff.models import ModelConfig
-from skiff.outputs import FinishReason, StepOutput
+from skiff.outputs import StepOutput
 from skiff.params import SamplingParams
 
 
@@ -38,9 +39,7 @@ class NullEngine:
         self.model_path, weights = checkpoint_dir(cfg)
         self.model_config = ModelConfig.from_hf(read_config(weights))
         self.eos_token_ids = eos_token_ids(self.model_config, weights)
-        self.max_context_len = min(
-            cfg.context_length or self.model_config.max_position, self.model_config.max_position
-        )
+        self.max_context_len = context_limit(cfg, self.model_config)
         self.waiting: deque[Stream] = deque()
         self.running: dict[str, Stream] = {}
         self._finished: list[StepOutput] = []
@@ -74,7 +73,9 @@ class NullEngine:
         done = []
         for s in self.running.values():
             token = s.next_token()
-            reason = self._finish_reason(s, token)
+            reason = finish_reason(
+                s.params, token, self.eos_token_ids, len(s.prompt), s.produced, self.max_context_len
+            )
             p = s.params
             lp = [0.0] if p.logprobs else None
             top = [{token: 0.0}] if p.top_logprobs else None
@@ -82,18 +83,10 @@ class NullEngine:
             outputs.append(StepOutput(s.rid, [token], lp, top, reason, matched, len(s.prompt), 0, s.produced))
             if reason is not None:
                 done.append(s.rid)
+        self.generation_tokens += len(self.running)  # one token each (aborts in outputs carry none)
         for rid in done:
             del self.running[rid]
-        self.generation_tokens += len(outputs)
         return outputs
-
-    def _finish_reason(self, s: Stream, token: int) -> FinishReason | None:
-        p = s.params
-        if (token in self.eos_token_ids and not p.ignore_eos) or token in p.stop_token_ids:
-            return "stop"
-        if s.produced >= p.max_tokens or len(s.prompt) + s.produced >= self.max_context_len:
-            return "length"
-        return None
 
     def stats(self) -> EngineStats:
         now = {
