@@ -28,6 +28,7 @@ def cluster():
     assert proc.returncode == 0, f"cluster.sh up failed:\n{proc.stderr[-6000:]}"
     c = Cluster(kubeconfig=proc.stdout.strip().splitlines()[-1], up_seconds=time.monotonic() - t0)
     c.report["cluster_up_seconds (images cached or built)"] = round(c.up_seconds, 1)
+    c.clear_leftovers(("models", "models-plain", "skiff-system"))
     try:
         yield c
     finally:

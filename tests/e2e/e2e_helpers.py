@@ -54,6 +54,27 @@ class Cluster:
         port = svc["spec"]["ports"][0]["port"]
         return f"http://{svc['spec']['clusterIP']}:{port}"
 
+    def clear_leftovers(self, namespaces: tuple[str, ...]) -> None:
+        """Etcd data outlives `cluster.sh down`, so an interrupted run's objects can still be here. With no
+        operator left to drop its finalizer, a leftover InferenceService would hold its namespace and the
+        CRD in Terminating for good: the services are deleted, their finalizers dropped, then the rest."""
+        crd = "inferenceservices.skiff.dev"
+        if self.kubectl("get", "crd", crd, "--ignore-not-found", "-o", "name").strip():
+            self.kubectl("delete", "inferenceservices", "--all", "-A", "--wait=false")
+            for item in self.get("inferenceservices", "-A")["items"]:
+                meta = item["metadata"]
+                self.kubectl(
+                    "patch", "-n", meta["namespace"], "inferenceservice", meta["name"],
+                    "--type=merge", "-p", '{"metadata":{"finalizers":null}}',
+                )  # fmt: skip
+        self.kubectl("delete", "namespace", *namespaces, "--ignore-not-found", "--timeout=180s", timeout=200)
+        self.kubectl(
+            "delete", "crd,clusterrole,clusterrolebinding", "-l", "app.kubernetes.io/part-of=skiff",
+            "--ignore-not-found", "--timeout=120s", timeout=140,
+        )  # fmt: skip
+        # Unknown to the server once the kopf CRDs are gone, hence unchecked.
+        self.kubectl("delete", "clusterkopfpeerings", "-l", "app.kubernetes.io/part-of=skiff", check=False)
+
     def ready_pods(self, namespace: str, selector: str) -> list[dict]:
         pods = self.get("pods", "-n", namespace, "-l", selector)["items"]
         return [p for p in pods if not p["metadata"].get("deletionTimestamp") and is_ready(p)]
