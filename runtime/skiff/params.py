@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from skiff.constrained.grammar import Grammar
+
 
 class InvalidRequest(ValueError):
     """A request that can never be served as given (bad parameter, prompt too long, ...)."""
@@ -27,6 +29,7 @@ class SamplingParams:
     top_logprobs: int = 0
     priority: int = 0  # larger is scheduled first when the scheduler runs with priorities
     skip_special_tokens: bool = True
+    grammar: Grammar | None = None  # constrained decoding: the output must match it
 
     def __post_init__(self) -> None:
         self.validate()

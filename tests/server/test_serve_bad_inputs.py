@@ -80,18 +80,41 @@ CASES: list[tuple[str, str, object, int]] = [
     ),
     ("seed wrong type", C, {"model": M, "prompt": "hi", "seed": "abc"}, 400),
     (
-        "tools",
+        "tool of another type",
         CHAT,
-        {"model": M, "messages": USER, "tools": [{"type": "function", "function": {"name": "f"}}]},
+        {"model": M, "messages": USER, "tools": [{"type": "retrieval", "function": {"name": "f"}}]},
         400,
     ),
     ("logit_bias", C, {"model": M, "prompt": "hi", "logit_bias": {"50256": -100}}, 400),
     (
-        "json response format",
+        "schema that does not compile",
         CHAT,
-        {"model": M, "messages": USER, "response_format": {"type": "json_object"}},
+        {
+            "model": M,
+            "messages": USER,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "objekt"}},
+            },
+        },
         400,
     ),
+    (
+        "json_schema format without its schema object",
+        CHAT,
+        {"model": M, "messages": USER, "response_format": {"type": "json_schema"}},
+        400,
+    ),
+    (
+        "unknown response format",
+        CHAT,
+        {"model": M, "messages": USER, "response_format": {"type": "yaml"}},
+        400,
+    ),
+    ("regex that does not compile", C, {"model": M, "prompt": "hi", "regex": "[a-"}, 400),
+    ("ebnf that does not parse", C, {"model": M, "prompt": "hi", "ebnf": 'root ::= "a'}, 400),
+    ("json_schema field not JSON", C, {"model": M, "prompt": "hi", "json_schema": "{type"}, 400),
+    ("two grammars", C, {"model": M, "prompt": "hi", "regex": "a+", "ebnf": 'root ::= "a"'}, 400),
 ]
 
 

@@ -10,8 +10,9 @@ of 0 the same launch is completed at once.
 
 A request that finishes in batch k was already part of batch k+1: its k+1 row is computed and discarded
 (its pages are freed after k+1 was enqueued, and every later batch runs after k+1 on the same stream).
-Penalties read the previous token on the host: while a request with penalties is pending, the next batch
-is scheduled only after the pending one completed.
+Penalties and grammar masks read the previous token on the host: when a batch holds such a request, the
+pending batch is completed after this batch's forward is enqueued and before it is sampled, so the host
+waits for the pending tokens (and fills the masks) while the device runs the forward.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from skiff.config import EngineConfig
+from skiff.constrained.masks import GrammarMasks, advance
 from skiff.distributed.parallel import destroy_tensor_parallel
 from skiff.engine.loading import checkpoint_dir, eos_token_ids, load_runner
 from skiff.engine.plan import StepPlan, StopFollowers, make_plan, plan_to_batch, prompt_plan
@@ -53,6 +55,11 @@ def resolve_placeholders(ids: torch.Tensor, tokens: torch.Tensor) -> torch.Tenso
     return torch.where(pending, tokens[(-ids - 1).clamp_(min=0)], ids)
 
 
+def _reads_host(r: Req) -> bool:
+    """The request's sampling reads its previous token on the host (penalties, the grammar's mask)."""
+    return r.params.needs_penalties or r.matcher is not None
+
+
 def schedule_lag(cfg: EngineConfig, device: torch.device) -> int:
     """1: overlap scheduling. TP followers replay plans with real ids, so tp > 1 runs with a lag of 0."""
     if cfg.disable_overlap or cfg.tp > 1:
@@ -80,6 +87,8 @@ class Engine:
         self.cache = CACHE_MANAGERS[cfg.cache](self.runner.num_pages, cfg.page_size)
         self.scheduler = Scheduler(cfg, self.cache)
         self.lag = schedule_lag(cfg, self.runner.device)
+        tokenizer = cfg.tokenizer or str(self.model_path)
+        self.grammars = GrammarMasks(tokenizer, self.model_config.vocab_size, sorted(self.eos_token_ids))
         self._pending: Launched | None = None
         self._arrivals = 0
         self._finished: list[StepOutput] = []
@@ -94,8 +103,10 @@ class Engine:
         gen = None
         if params.seed is not None and not params.greedy:
             gen = torch.Generator(device=self.runner.device).manual_seed(params.seed)
+        matcher = self.grammars.matcher(params.grammar) if params.grammar is not None else None
         self._arrivals += 1
-        self.scheduler.enqueue(Req(rid, list(input_ids), params, self._arrivals, generator=gen))
+        req = Req(rid, list(input_ids), params, self._arrivals, generator=gen, matcher=matcher)
+        self.scheduler.enqueue(req)
 
     def abort_request(self, rid: str) -> None:
         r = self.scheduler.remove(rid)
@@ -112,15 +123,19 @@ class Engine:
         self._check_followers()
         outputs, self._finished = self._finished, []
         pending = self._pending
-        if pending is not None and any(r.params.needs_penalties for _, r, _ in pending.rows):
-            outputs.extend(self._complete(pending))
-            pending = None
         batch = self.scheduler.schedule()
         for r in self.scheduler.starved:
             self.scheduler.finish(r)
             outputs.append(self._end(r, "length"))
         self.scheduler.starved.clear()
-        launched = self._launch(batch, pending) if batch is not None else None
+        launched = None
+        if batch is not None:
+            reqs = [s.req for s in batch.seqs if s.samples]
+            logits = self._forward(make_plan(batch, self.cfg.page_size), pending)
+            if pending is not None and any(_reads_host(r) for r in reqs):
+                outputs.extend(self._complete(pending))
+                pending = None
+            launched = self._launch(batch, reqs, logits)
         if pending is not None:
             outputs.extend(self._complete(pending))
         if launched is not None and self.lag == 0:
@@ -137,11 +152,14 @@ class Engine:
             batch.input_ids = resolve_placeholders(batch.input_ids, previous.sample.tokens)
         return self.runner.forward(batch)
 
-    def _launch(self, batch: ScheduleBatch, previous: Launched | None) -> Launched:
-        logits = self._forward(make_plan(batch, self.cfg.page_size), previous)
-        reqs = [s.req for s in batch.seqs if s.samples]
+    def _launch(self, batch: ScheduleBatch, reqs: list[Req], logits: torch.Tensor) -> Launched:
+        """Sample a batch whose forward is enqueued, then advance its requests optimistically."""
         inputs = SampleInputs.of(reqs)
         sampled = None
+        if any(r.matcher is not None for r in reqs):
+            logits = self.grammars.masked(
+                logits, [r.matcher if r.finish_reason is None else None for r in reqs]
+            )
         if reqs:
             sampled = sample_device(logits, inputs) if logits.is_cuda else HostSample(sample(logits, inputs))
         for s in batch.seqs:
@@ -176,10 +194,13 @@ class Engine:
             reason = finish_reason(
                 r.params, token, self.eos_token_ids, len(r.prompt_ids), idx + 1, self.max_context_len
             )
+            matched = token if reason == "stop" else None
+            if r.matcher is not None and advance(r.matcher, token) and reason is None:
+                reason = "stop"  # the grammar is complete: nothing but EOS could follow
             if reason is not None:
                 del r.output_ids[idx + 1 :]  # the placeholder of a batch launched after this one
                 r.finish_reason = reason
-                r.matched_stop = token if reason == "stop" else None
+                r.matched_stop = matched
                 if any(x is r for x in self.scheduler.running):
                     self.scheduler.finish(r)
                 else:

@@ -32,6 +32,7 @@ class Req:
     top_logprobs: list[dict[int, float]] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     matched_stop: int | str | None = None
+    matcher: Any = None  # the grammar's llguidance matcher, for a constrained request
 
     @property
     def all_ids(self) -> list[int]:

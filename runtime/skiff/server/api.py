@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from skiff.constrained.grammar import Grammar, GrammarError, to_llguidance
 from skiff.params import InvalidRequest, SamplingParams
 from skiff.server.args import ServerArgs
 from skiff.server.engine_client import EngineClient
@@ -68,6 +69,17 @@ def sampling_params(fields: dict[str, Any]) -> SamplingParams:
         return SamplingParams(**fields)
     except InvalidRequest as e:
         raise ApiError(400, str(e)) from e
+
+
+def checked_grammar(grammar: Grammar | None) -> Grammar | None:
+    """A grammar that compiles, or a 400 naming the problem: before any token is generated."""
+    if grammar is not None:
+        try:
+            to_llguidance(grammar)
+        except GrammarError as e:
+            param = "response_format" if grammar.kind == "json_schema" else grammar.kind
+            raise ApiError(400, str(e), param=param, code="invalid_grammar") from e
+    return grammar
 
 
 async def _until_disconnect(request: Request) -> None:
@@ -149,6 +161,7 @@ def create_app(args: ServerArgs, client: EngineClient) -> FastAPI:
         sampling = sampling_params(
             req.base_params()
             | {"seed": req.seed, "logprobs": req.logprobs is not None, "top_logprobs": req.logprobs or 0}
+            | {"grammar": checked_grammar(req.grammar())}
         )
         decode = DecodeOptions(req.stop_list(), req.skip_special_tokens, req.logprobs is not None)
         job = Job(
@@ -171,6 +184,7 @@ def create_app(args: ServerArgs, client: EngineClient) -> FastAPI:
         sampling = sampling_params(
             req.base_params()
             | {"seed": req.seed, "logprobs": req.logprobs, "top_logprobs": req.top_logprobs or 0}
+            | {"grammar": checked_grammar(req.grammar())}
         )
         decode = DecodeOptions(req.stop_list(), req.skip_special_tokens, req.logprobs)
         budget = req.completion_budget()

@@ -6,10 +6,12 @@ repetition_penalty, ignore_eos, stop_token_ids, skip_special_tokens, chat_templa
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import json
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from skiff.constrained.grammar import Grammar, json_object
 from skiff.server.messages import Prompt, TextPrompt, TokenIdsPrompt
 
 MAX_STOP = 16
@@ -22,6 +24,31 @@ class _Strict(BaseModel):
 class StreamOptions(_Strict):
     include_usage: bool = False
     continuous_usage_stats: bool = False
+
+
+class JsonSchemaFormat(_Strict):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class TextFormat(_Strict):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(_Strict):
+    type: Literal["json_object"]
+
+
+class JsonSchemaResponseFormat(_Strict):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaFormat
+
+
+ResponseFormat = Annotated[
+    TextFormat | JsonObjectFormat | JsonSchemaResponseFormat, Field(discriminator="type")
+]
 
 
 class _Sampling(_Strict):
@@ -45,6 +72,11 @@ class _Sampling(_Strict):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     priority: int = 0
+    # structured outputs: OpenAI's response_format, or one of SGLang's grammar fields
+    response_format: ResponseFormat | None = None
+    regex: str | None = Field(None, min_length=1)
+    ebnf: str | None = Field(None, min_length=1)
+    json_schema: str | None = Field(None, min_length=1)  # a JSON schema as JSON text (SGLang's field)
 
     @field_validator("stop")
     @classmethod
@@ -75,6 +107,31 @@ class _Sampling(_Strict):
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
         return self
+
+    @model_validator(mode="after")
+    def _one_grammar(self) -> _Sampling:
+        given = [name for name in ("regex", "ebnf", "json_schema") if getattr(self, name) is not None]
+        if self.response_format is not None and self.response_format.type != "text":
+            given.append("response_format")
+        if len(given) > 1:
+            raise ValueError(f"at most one of response_format, regex, ebnf, json_schema: got {given}")
+        return self
+
+    def grammar(self) -> Grammar | None:
+        """The constraint the output must match, if any (compiled and checked by the API, not here)."""
+        fmt = self.response_format
+        if isinstance(fmt, JsonObjectFormat):
+            return json_object()
+        if isinstance(fmt, JsonSchemaResponseFormat):
+            schema = fmt.json_schema.schema_
+            return Grammar("json_schema", json.dumps(schema if schema is not None else {}))
+        if self.json_schema is not None:
+            return Grammar("json_schema", self.json_schema)
+        if self.regex is not None:
+            return Grammar("regex", self.regex)
+        if self.ebnf is not None:
+            return Grammar("ebnf", self.ebnf)
+        return None
 
     def stop_list(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -181,17 +238,12 @@ class ChatMessage(_Strict):
         return msg
 
 
-class ResponseFormat(_Strict):
-    type: Literal["text"]
-
-
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Literal["none", "auto"] | None = None
     parallel_tool_calls: bool | None = None
