@@ -316,7 +316,9 @@ def test_scale_to_zero_holds_a_request_and_wakes(cluster, router_url):
         assert answer.strip(), answer
         assert replicas() >= 1
     finally:  # while the operator still runs to finalize it, pass or fail
-        cluster.kubectl("delete", "-n", NS, f"inferenceservice/{name}", "--ignore-not-found", "--timeout=120s")
+        cluster.kubectl(
+            "delete", "-n", NS, f"inferenceservice/{name}", "--ignore-not-found", "--timeout=120s"
+        )
 
 
 def test_delete_collects_children_and_uninstall_keeps_the_crd(cluster, helm_config):

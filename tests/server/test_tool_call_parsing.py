@@ -14,12 +14,10 @@ from skiff.server.tool_calls import (
     TOOL_PARSERS,
     ToolCall,
     ToolDelta,
-    check_tools,
     detect_tool_parser,
-    forced_schema,
     parse,
-    parse_forced,
 )
+from skiff.server.tool_choice import check_tools, forced_schema, parse_forced
 
 NAMES = {"get_weather", "get_time"}
 W = '{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}'

@@ -7,6 +7,8 @@ import os
 
 from skiff.config import DTYPE_NAMES, LOAD_FORMATS, EngineConfig
 from skiff.layers.quant import QUANTIZATIONS
+from skiff.server.reasoning import REASONING_PARSERS
+from skiff.server.tool_calls import TOOL_PARSERS
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
@@ -119,6 +121,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--max-body-mb", type=float, default=32.0, help="largest accepted request body")
     g.add_argument("--max-n", type=int, default=128, help="largest n x prompts of one request")
+    g.add_argument(
+        "--tool-call-parser",
+        default="auto",
+        choices=["auto", "none", *TOOL_PARSERS],
+        help="the chat template's tool-call format (auto: detected from the template)",
+    )
+    g.add_argument(
+        "--reasoning-parser",
+        default="auto",
+        choices=["auto", "none", *REASONING_PARSERS],
+        help="split <think> reasoning into reasoning_content (auto: when the template thinks)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -142,5 +156,7 @@ def run(args: argparse.Namespace) -> int:
         grace_period=args.grace_period,
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),
         max_n=args.max_n,
+        tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
     )
     return serve(server)

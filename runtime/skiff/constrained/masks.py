@@ -29,6 +29,7 @@ class GrammarMasks:
     eos_token_ids: list[int]
     _tokenizer: Any = field(default=None, repr=False)
     _executor: Any = field(default=None, repr=False)
+    _buffer: torch.Tensor | None = field(default=None, repr=False)
 
     def _ll_tokenizer(self) -> Any:
         if self._tokenizer is None:  # ~1 s: once per engine, on the first constrained request
@@ -58,20 +59,28 @@ class GrammarMasks:
 
     def masked(self, logits: torch.Tensor, matchers: list[Any | None]) -> torch.Tensor:
         """logits (a new tensor) with each constrained row's disallowed tokens at -inf."""
-        import llguidance.torch as llt
-
         rows = [i for i, m in enumerate(matchers) if m is not None]
         if not rows:
             return logits
-        bitmask = llt.allocate_token_bitmask(len(rows), self.vocab_size)
-        llt.fill_next_token_bitmask_par(
-            self._executor, [(matchers[i], k) for k, i in enumerate(rows)], bitmask
+        bitmask = self._bitmask(len(rows), logits.is_cuda)
+        words = bitmask.shape[1]
+        # llguidance.torch wraps this call, but importing it compiles a kernel through torch._dynamo (~4 s)
+        self._executor.unsafe_compute_mask_ptr(
+            [(matchers[i], k) for k, i in enumerate(rows)], bitmask.data_ptr(), words * 4, len(rows)
         )
         allowed = unpack_bitmask(bitmask.to(logits.device, non_blocking=True), logits.shape[-1])
         out = logits.clone()  # an inference tensor (and maybe a CUDA graph's output): not updated in place
         index = torch.tensor(rows, device=logits.device)
         out[index] = out[index].masked_fill(~allowed, float("-inf"))
         return out
+
+    def _bitmask(self, rows: int, pinned: bool) -> torch.Tensor:
+        """A reused host buffer: the previous step's copy out of it is done (its tokens were read)."""
+        buf = self._buffer
+        if buf is None or buf.shape[0] < rows:
+            words = -(-self.vocab_size // 32)
+            buf = self._buffer = torch.empty((max(rows, 16), words), dtype=torch.int32, pin_memory=pinned)
+        return buf[:rows]
 
 
 _SHIFTS: dict[torch.device, torch.Tensor] = {}

@@ -19,11 +19,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from skiff.constrained.grammar import Grammar, GrammarError, to_llguidance
 from skiff.params import InvalidRequest, SamplingParams
 from skiff.server.args import ServerArgs
+from skiff.server.chat_output import ChatOutputSpec
 from skiff.server.engine_client import EngineClient
 from skiff.server.errors import ApiError, error_body, from_validation
 from skiff.server.generation import Job
 from skiff.server.messages import ChatPrompt, DecodeOptions, TokenIdsPrompt
 from skiff.server.openai_types import ChatCompletionRequest, CompletionRequest
+from skiff.server.tool_choice import check_tools, forced_schema
 
 M = TypeVar("M", bound=BaseModel)
 _OPEN_PATHS = {"/health", "/health_generate", "/metrics", "/skiff/integrity", "/skiff/processes"}
@@ -180,17 +182,47 @@ def create_app(args: ServerArgs, client: EngineClient) -> FastAPI:
         template_kwargs = dict(req.chat_template_kwargs or {})
         if not req.add_generation_prompt:
             template_kwargs["add_generation_prompt"] = False
+        output, grammar = chat_output(req)
+        if req.tools and req.effective_tool_choice() != "none":
+            template_kwargs["tools"] = req.tools
         prompt = ChatPrompt(messages, template_kwargs)
         sampling = sampling_params(
             req.base_params()
             | {"seed": req.seed, "logprobs": req.logprobs, "top_logprobs": req.top_logprobs or 0}
-            | {"grammar": checked_grammar(req.grammar())}
+            | {"grammar": checked_grammar(grammar)}
         )
         decode = DecodeOptions(req.stop_list(), req.skip_special_tokens, req.logprobs)
         budget = req.completion_budget()
-        job = Job(client, True, model_name, [prompt], sampling, budget, req.n, decode, request_id(request))
+        rid = request_id(request)
+        job = Job(client, True, model_name, [prompt], sampling, budget, req.n, decode, rid, output)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return await respond(request, job, req.stream, include_usage)
+
+    def chat_output(req: ChatCompletionRequest) -> tuple[ChatOutputSpec, Grammar | None]:
+        """How the answer is shaped (reasoning, tool calls) and the grammar it must match, if any."""
+        choice = req.effective_tool_choice()
+        try:
+            check_tools(req.tools, choice)
+        except ValueError as e:
+            raise ApiError(400, str(e), param="tools") from e
+        names = tuple(t["function"]["name"] for t in req.tools or ())
+        grammar = req.grammar()
+        forced = choice if choice == "required" or isinstance(choice, dict) else None
+        if forced is not None:
+            if grammar is not None:
+                raise ApiError(
+                    400, "a forced tool_choice and a grammar cannot be combined", param="tool_choice"
+                )
+            schema = forced_schema(req.tools or [], forced, parallel=req.parallel_tool_calls is not False)
+            grammar = Grammar("json_schema", json.dumps(schema))
+        info = client.info
+        spec = ChatOutputSpec(
+            reasoning_parser=info.reasoning_parser if req.separate_reasoning else None,
+            tool_parser=info.tool_parser if choice == "auto" else None,
+            tool_names=names,
+            forced_choice=forced,
+        )
+        return spec, grammar
 
     def model_card() -> dict[str, Any]:
         return {

@@ -21,6 +21,8 @@ class ServerArgs:
     max_n: int = 128  # largest `n` (choices per prompt) one request may ask for
     startup_timeout: float = 900.0
     ipc_dir: str | None = None  # where the ipc:// sockets live; None: a fresh temporary directory
+    tool_call_parser: str = "auto"  # a name in tool_calls.TOOL_PARSERS, "auto" (from the template) or "none"
+    reasoning_parser: str = "auto"  # a name in reasoning.REASONING_PARSERS, "auto" or "none"
 
     @property
     def tokenizer_path(self) -> str:

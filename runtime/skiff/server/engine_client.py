@@ -54,6 +54,8 @@ class PodInfo:
     eos_token_ids: list[int] = field(default_factory=list)
     probe_ids: list[int] = field(default_factory=lambda: [0])
     vocab_size: int = 0
+    tool_parser: str | None = None
+    reasoning_parser: str | None = None
     page_size: int = 0
     total_pages: int = 0
     pids: dict[str, int] = field(default_factory=dict)  # child process ids by role (for operators and tests)
@@ -128,6 +130,7 @@ class EngineClient:
             case TokenizerReady():
                 self.info.probe_ids = msg.probe_ids
                 self.info.vocab_size = msg.vocab_size
+                self.info.tool_parser, self.info.reasoning_parser = msg.tool_parser, msg.reasoning_parser
 
     def start(self) -> None:
         self._reader = asyncio.get_running_loop().create_task(self._read_loop())

@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 
 from skiff.params import SamplingParams
+from skiff.server.chat_output import AnswerShaper, ChatOutputSpec, Piece, tool_call_body
 from skiff.server.engine_client import EngineClient
 from skiff.server.errors import ApiError, error_body
 from skiff.server.messages import DecodeOptions, DetokenizedChunk, Prompt, RequestFailed, TokenLogprob
@@ -44,8 +45,10 @@ class Job:
         n: int,
         decode: DecodeOptions,
         request_id: str | None = None,
+        output: ChatOutputSpec | None = None,
     ) -> None:
         self.client, self.chat, self.model, self.n = client, chat, model, n
+        self.output = output or ChatOutputSpec()
         prefix = "chatcmpl-" if chat else "cmpl-"
         self.id = request_id or prefix + uuid.uuid4().hex
         self.created = int(time.time())
@@ -154,7 +157,10 @@ class Job:
                 "matched_stop": c.matched_stop,
             }
             if self.chat:
-                choice["message"] = {"role": "assistant", "content": text}
+                shaper = AnswerShaper(self.output)
+                answer = shaper.feed(text).then(shaper.finish())
+                choice["message"] = self._message(answer)
+                choice["finish_reason"] = self._finish(c.finish_reason, bool(answer.calls))
             else:
                 choice["text"] = text
             choices.append(choice)
@@ -166,6 +172,20 @@ class Job:
             "choices": choices,
             "usage": self.usage(),
         }
+
+    def _message(self, answer: Piece) -> dict[str, Any]:
+        msg: dict[str, Any] = {"role": "assistant", "content": answer.content or None}
+        if not answer.calls and msg["content"] is None:
+            msg["content"] = ""
+        if self.output.reasoning_parser:
+            msg["reasoning_content"] = answer.reasoning or None
+        if answer.calls:
+            msg["tool_calls"] = [tool_call_body(c) for c in answer.calls]
+        return msg
+
+    @staticmethod
+    def _finish(reason: str | None, made_calls: bool) -> str | None:
+        return "tool_calls" if made_calls and reason == "stop" else reason
 
     async def collect(self) -> dict[str, Any]:
         async for _ in self.events():
@@ -186,6 +206,8 @@ class Job:
 
     async def stream(self, include_usage: bool) -> AsyncIterator[bytes]:
         offsets = [0] * len(self.choices)
+        shapers = [AnswerShaper(self.output) for _ in self.choices] if self.chat else []
+        made_calls = [False] * len(self.choices)
         try:
             if self.chat:
                 yield self._chunk(
@@ -211,7 +233,15 @@ class Job:
                 if d.finish_reason is not None:
                     choice["matched_stop"] = d.matched_stop
                 if self.chat:
-                    choice["delta"] = {"content": d.text} if d.text else {}
+                    piece = shapers[index].feed(d.text)
+                    if d.finish_reason is not None:
+                        piece = piece.then(shapers[index].finish())
+                    made_calls[index] = made_calls[index] or bool(piece.calls)
+                    choice["delta"] = piece.delta()
+                    if d.finish_reason is not None:
+                        choice["finish_reason"] = self._finish(d.finish_reason, made_calls[index])
+                    elif not choice["delta"] and not d.logprobs:
+                        continue  # all of it held back (a possible tag or call)
                 else:
                     choice["text"] = d.text
                 yield self._chunk([choice])

@@ -143,6 +143,8 @@ class TokenizerReady(Message):
     who: str
     probe_ids: list[int]  # a short prompt /health_generate can send
     vocab_size: int
+    tool_parser: str | None  # the chat template's tool-call format (tool_calls.TOOL_PARSERS)
+    reasoning_parser: str | None  # ... and its thinking format (reasoning.REASONING_PARSERS)
 
 
 class DetokenizerReady(Message):

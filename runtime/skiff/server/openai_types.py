@@ -200,11 +200,24 @@ class TextPart(_Strict):
     text: str
 
 
+class FunctionCall(_Strict):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class AssistantToolCall(_Strict):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
     tool_call_id: str | None = None
+    tool_calls: list[AssistantToolCall] | None = None
+    reasoning_content: str | None = None  # sent back by clients; not part of the prompt
 
     @field_validator("content", mode="before")
     @classmethod
@@ -235,7 +248,24 @@ class ChatMessage(_Strict):
             msg["name"] = self.name
         if self.tool_call_id:
             msg["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            # templates render arguments with `tojson` (Llama) or as a mapping: give them the object
+            msg["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.function.name, "arguments": _json_or_text(c.function.arguments)},
+                }
+                for c in self.tool_calls
+            ]
         return msg
+
+
+def _json_or_text(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
 
 
 class ChatCompletionRequest(_Sampling):
@@ -244,9 +274,10 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Literal["none", "auto"] | None = None
+    tools: list[dict[str, Any]] | None = None  # checked by tool_choice.check_tools
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+    separate_reasoning: bool = True  # SGLang's: reasoning_content apart from content
     store: bool | None = None
     metadata: dict[str, str] | None = None
     service_tier: str | None = None
@@ -256,11 +287,12 @@ class ChatCompletionRequest(_Sampling):
 
     @model_validator(mode="after")
     def _check_chat(self) -> ChatCompletionRequest:
-        if self.tools:
-            raise ValueError("tools are not supported")
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs to be true")
         return self
+
+    def effective_tool_choice(self) -> str | dict[str, Any]:
+        return self.tool_choice if self.tool_choice is not None else ("auto" if self.tools else "none")
 
     def completion_budget(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

@@ -25,6 +25,8 @@ from skiff.server.messages import (
     TokenizerReady,
     ToTokenizer,
 )
+from skiff.server.reasoning import detect_reasoning_parser, prompt_opens_reasoning
+from skiff.server.tool_calls import detect_tool_parser
 from skiff.tokenizer import load_tokenizer
 
 log = logging.getLogger("skiff.tokenizer")
@@ -57,6 +59,23 @@ def encode_prompt(tok: Any, prompt: Prompt) -> list[int]:
     raise PromptError(f"unknown prompt type {type(prompt).__name__}")
 
 
+def output_formats(tok: Any, tool_parser: str, reasoning_parser: str) -> tuple[str | None, str | None]:
+    """The tool-call and reasoning parsers for this chat template ("auto": detected from its text)."""
+    template = getattr(tok, "chat_template", None)
+    template = template if isinstance(template, str) else None
+    tools = detect_tool_parser(template) if tool_parser == "auto" else tool_parser
+    reasoning = detect_reasoning_parser(template) if reasoning_parser == "auto" else reasoning_parser
+    if reasoning_parser == "auto" and reasoning is not None:
+        probe = [{"role": "user", "content": "Hi"}]
+        try:
+            prompt = tok.apply_chat_template(probe, tokenize=False, add_generation_prompt=True)
+        except Exception:  # a template that needs more than one user message: keep the detected one
+            prompt = ""
+        if prompt_opens_reasoning(prompt):
+            reasoning = "deepseek-r1"  # the template opens the block: the output starts inside it
+    return (None if tools == "none" else tools), (None if reasoning == "none" else reasoning)
+
+
 def run_tokenizer(args: ServerArgs, endpoints: P.Endpoints, index: int) -> None:
     setup_child(f"tokenizer-{index}", args.log_level)
     tok = load_tokenizer(args.tokenizer_path)
@@ -65,7 +84,8 @@ def run_tokenizer(args: ServerArgs, endpoints: P.Endpoints, index: int) -> None:
     to_sched = P.outbox(ctx, endpoints.scheduler)
     to_api = P.outbox(ctx, endpoints.api)
     probe = tok.encode("Hello", add_special_tokens=False) or [0]
-    to_api.send(TokenizerReady(f"tokenizer-{index}", probe, len(tok)))
+    tools, reasoning = output_formats(tok, args.tool_call_parser, args.reasoning_parser)
+    to_api.send(TokenizerReady(f"tokenizer-{index}", probe, len(tok), tools, reasoning))
     while True:
         msg = inbox.recv()
         if isinstance(msg, Shutdown):

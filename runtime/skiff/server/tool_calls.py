@@ -14,7 +14,7 @@ A block that is not a valid call (bad JSON, no string name, an undeclared tool, 
 stays content, unchanged. Any chunking streams the same content and calls (ids aside) as `parse()`.
 
 Forced tool choice (`tool_choice` "required" or a named function) is enforced by a JSON-schema grammar:
-`forced_schema`, `parse_forced` and `check_tools` live in tool_choice.py and are re-exported here.
+`forced_schema`, `parse_forced` and `check_tools` live in tool_choice.py.
 """
 
 from __future__ import annotations
@@ -250,16 +250,3 @@ def detect_tool_parser(chat_template: str | None) -> str | None:
     ):
         return "llama3"
     return None
-
-
-_FORCED = frozenset({"check_tools", "forced_schema", "parse_forced"})
-
-
-def __getattr__(name: str) -> Any:
-    # The forced-choice helpers live in tool_choice.py (which imports this module), re-exported lazily
-    # so that either module may be imported first.
-    if name in _FORCED:
-        from skiff.server import tool_choice
-
-        return getattr(tool_choice, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
