@@ -155,13 +155,17 @@ class Engine:
     def _launch(self, batch: ScheduleBatch, reqs: list[Req], logits: torch.Tensor) -> Launched:
         """Sample a batch whose forward is enqueued, then advance its requests optimistically."""
         inputs = SampleInputs.of(reqs)
-        sampled = None
+        sampled, unmasked = None, None
         if any(r.matcher is not None for r in reqs):
+            unmasked = logits
             logits = self.grammars.masked(
                 logits, [r.matcher if r.finish_reason is None else None for r in reqs]
             )
         if reqs:
-            sampled = sample_device(logits, inputs) if logits.is_cuda else HostSample(sample(logits, inputs))
+            if logits.is_cuda:
+                sampled = sample_device(logits, inputs, unmasked)
+            else:
+                sampled = HostSample(sample(logits, inputs, unmasked))
         for s in batch.seqs:
             r = s.req
             if r.finish_reason is not None:

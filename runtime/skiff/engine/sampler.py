@@ -127,10 +127,11 @@ def _result(
     return SampleResult(host_tokens, chosen, tops)
 
 
-def sample(logits: torch.Tensor, inputs: SampleInputs) -> SampleResult:
-    """The CPU sampler. logits: [N, V] float32."""
+def sample(logits: torch.Tensor, inputs: SampleInputs, unmasked: torch.Tensor | None = None) -> SampleResult:
+    """The CPU sampler. logits: [N, V] float32; `unmasked`: the logits before grammar masks, which
+    logprobs report (the model's distribution, as vLLM and SGLang report it)."""
     params = inputs.params
-    raw_logprobs = _raw_logprobs(logits, params)
+    raw_logprobs = _raw_logprobs(logits if unmasked is None else unmasked, params)
     logits = _penalized(logits, inputs)
     tokens = greedy_tokens(logits)
     sampled = [i for i, p in enumerate(params) if not p.greedy]
@@ -193,10 +194,12 @@ class DeviceSample:
         return _result(self.tokens, self.host.tolist(), self.logprobs, self.params)
 
 
-def sample_device(logits: torch.Tensor, inputs: SampleInputs) -> DeviceSample:
+def sample_device(
+    logits: torch.Tensor, inputs: SampleInputs, unmasked: torch.Tensor | None = None
+) -> DeviceSample:
     """The GPU sampler: same distribution as `sample`, one noise draw for unseeded rows, no host sync."""
     params, generators = inputs.params, inputs.generators
-    raw_logprobs = _raw_logprobs(logits, params)
+    raw_logprobs = _raw_logprobs(logits if unmasked is None else unmasked, params)
     logits = _penalized(logits, inputs)
     sampled = [i for i, p in enumerate(params) if not p.greedy]
     if len(sampled) == len(params):
