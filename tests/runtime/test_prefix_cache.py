@@ -106,3 +106,15 @@ def test_eviction_pressure(tiny_llama_dir, llm_factory, naive):
     all_prompts += [all_prompts[0], all_prompts[-1]]
     ref = naive.generate(all_prompts, GREEDY)
     assert_same_greedy(all_prompts, got, [o.token_ids for o in ref], naive.prefill_logits, "under eviction")
+
+
+def test_identical_prompts_submitted_together_prefill_once(radix, naive):
+    """n > 1 choices arrive as twins in one step: the later ones wait for the first one's pages."""
+    prompt = random_prompts(1, seed=21, lo=70, hi=70)[0]
+    sampled = [SamplingParams(temperature=0.8, seed=s, max_tokens=8) for s in range(4)]
+    outs = radix.generate([prompt] * 4, sampled)
+    full_pages = len(prompt) // PAGE * PAGE
+    assert outs[0].cached_tokens < full_pages  # (earlier tests may have cached a shorter prefix)
+    assert all(o.cached_tokens == full_pages for o in outs[1:]), [o.cached_tokens for o in outs]
+    ref = naive.generate([prompt] * 4, sampled)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in ref]

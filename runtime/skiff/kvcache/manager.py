@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 class NaiveCacheManager:
     """No sharing: every request computes its whole context and frees every page when it leaves."""
 
+    shares_prefixes = False  # whether a prompt's cached pages serve later requests
+
     def __init__(self, num_pages: int, page_size: int) -> None:
         self.allocator = PageAllocator(num_pages)
         self.page_size = page_size
@@ -70,6 +72,8 @@ class NaiveCacheManager:
 
 
 class RadixCacheManager(NaiveCacheManager):
+    shares_prefixes = True
+
     def __init__(self, num_pages: int, page_size: int) -> None:
         super().__init__(num_pages, page_size)
         self.tree = RadixCache(page_size)

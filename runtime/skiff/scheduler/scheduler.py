@@ -105,9 +105,14 @@ class Scheduler:
                     self._grow(r, n)
                     seqs.append(ScheduledSeq(r, r.kv_len, n))
                     budget -= n
-        # New (or retracted) requests, in queue order.
+        # New (or retracted) requests, in queue order; a prompt whose twin is being prefilled waits for
+        # the twin's pages to reach the prefix cache (n > 1 choices prefill their prompt once).
+        deferred: list[Req] = []
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_running_requests:
             r = self.waiting[0]
+            if self._twin_prefilling(r):
+                deferred.append(self.waiting.pop(0))
+                continue
             self.cache.match(r)
             headroom = len(self.running)
             n = self._fit(r, min(r.remaining, budget), headroom)
@@ -121,6 +126,7 @@ class Scheduler:
             self._grow(r, n)
             seqs.append(ScheduledSeq(r, r.kv_len, n))
             budget -= n
+        self.waiting[:0] = deferred
         if not seqs and self.running and not self.starved:
             # Every running request is mid-prefill and the pool is full: free room by retracting the
             # newest one, or give up on a lone request that cannot fit at all.
@@ -129,6 +135,15 @@ class Scheduler:
                 return None
             return self.schedule()
         return ScheduleBatch(seqs, num_decode) if seqs else None
+
+    def _twin_prefilling(self, r: Req) -> bool:
+        if not self.cache.shares_prefixes or r.admitted or len(r.prompt_ids) < self.ps:
+            return False
+        n = len(r.prompt_ids)
+        return any(
+            not q.prompt_cached and len(q.prompt_ids) == n and q.prompt_ids == r.prompt_ids
+            for q in self.running
+        )
 
     def _fit(self, r: Req, want: int, headroom: int) -> int:
         """How many of `want` tokens of r can get pages now, leaving `headroom` pages for running decodes."""
