@@ -71,7 +71,9 @@ def main() -> None:
                 assert tokens == streams * args.max_tokens, tokens
                 best[arm] = max(best[arm], rate)
         rows.append((streams, best["plain"], best["json_schema"]))
-    print(f"| streams | plain tok/s | json_schema tok/s | ratio |  ({args.model or 'embedded'}, {args.device})")
+    print(
+        f"| streams | plain tok/s | json_schema tok/s | ratio |  ({args.model or 'embedded'}, {args.device})"
+    )
     print("|---:|---:|---:|---:|")
     for streams, plain, constrained in rows:
         print(f"| {streams} | {plain:,.0f} | {constrained:,.0f} | {constrained / plain:.1%} |")

@@ -10,7 +10,6 @@ import time
 import pytest
 from e2e_helpers import CLUSTER_SH, Cluster, write_report
 
-
 CLUSTER_UP_TIMEOUT = 3000  # a fresh machine bootstraps the base image and builds every image (~16 min here)
 
 
