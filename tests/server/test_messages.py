@@ -37,7 +37,7 @@ SAMPLES: list[tuple[m.Message, object]] = [
     (m.Shutdown(), m.ToDetokenizer),
     (m.DetokenizedChunks([CHUNK]), m.ToApi),
     (m.RequestFailed("r-0", 400, "the prompt is empty"), m.ToApi),
-    (m.TokenizerReady("tokenizer-0", [9906], 49152), m.ToApi),
+    (m.TokenizerReady("tokenizer-0", [9906], 49152, "qwen25", None), m.ToApi),
     (m.DetokenizerReady(), m.ToApi),
     (m.EngineReady(8192, [0, 2], [123], STATS), m.ToApi),
     (m.ChildFailed("scheduler", "RuntimeError: boom"), m.ToApi),
