@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from skiff.engine.stats import EngineStats
 from skiff.outputs import StepOutput
 from skiff.params import SamplingParams
 from skiff.server import messages as m
@@ -15,7 +16,20 @@ OUTPUT = StepOutput("r-0", [5, 2], [-0.5, -0.1], [{5: -0.5, 6: -1.5}, {2: -0.1}]
 CHUNK = m.DetokenizedChunk(
     "r-0", "hi", 2, [m.TokenLogprob("hi", -0.5, [("hi", -0.5), ("ho", -1.5)])], "stop", 2, 3, 1, 2, None
 )
-STATS = {"num_running": 1, "token_usage": 0.25}
+STATS = EngineStats(
+    num_running=1,
+    num_queued=0,
+    total_pages=64,
+    free_pages=40,
+    cached_pages=8,
+    used_pages=16,
+    token_usage=0.375,
+    cache_hit_tokens=32,
+    prompt_tokens=128,
+    generation_tokens=99,
+    num_preemptions=0,
+    page_size=16,
+)
 
 # one sample of every message, with the union of the pipe that carries it
 SAMPLES: list[tuple[m.Message, object]] = [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import json
 import os
@@ -280,7 +281,8 @@ def create_app(args: ServerArgs, client: EngineClient) -> FastAPI:
         """KV page accounting, checked by the engine itself (free + cached + used == total)."""
         check_serving()
         report = await client.check_integrity()
-        body = {"ok": report.ok, "error": report.error, "stats": report.stats, "live": report.live}
+        stats = dataclasses.asdict(report.stats)
+        body = {"ok": report.ok, "error": report.error, "stats": stats, "live": report.live}
         return JSONResponse(body, status_code=200 if report.ok else 500)
 
     @app.get("/skiff/processes")

@@ -73,7 +73,7 @@ class EngineClient:
         self.to_scheduler: P.Outbox | None = None
         self.info = PodInfo()
         self.requests: dict[str, _Tracked] = {}
-        self.stats = SchedulerStats({}, 0.0)
+        self.stats = SchedulerStats(None, 0.0)
         self.last_heartbeat = 0.0
         self.dead: str | None = None  # why the pod can no longer serve
         self.draining = False
@@ -109,7 +109,7 @@ class EngineClient:
                     detail = ""
                     if isinstance(msg, EngineReady):
                         detail = (
-                            f": {self.info.total_pages} KV pages of {msg.stats.get('page_size', '?')} tokens, "
+                            f": {self.info.total_pages} KV pages of {msg.stats.page_size} tokens, "
                             f"context {msg.max_context_len}"
                         )
                     print(f"  {msg.who} ready after {elapsed:.1f} s{detail}", flush=True)
@@ -123,8 +123,8 @@ class EngineClient:
             case EngineReady():
                 self.info.max_context_len = msg.max_context_len
                 self.info.eos_token_ids = msg.eos_token_ids
-                self.info.page_size = int(msg.stats.get("page_size", 0))
-                self.info.total_pages = int(msg.stats.get("total_pages", 0))
+                self.info.page_size = msg.stats.page_size
+                self.info.total_pages = msg.stats.total_pages
                 self.info.rank_pids = list(msg.rank_pids)
                 self._on_stats(SchedulerStats(msg.stats, 0.0))
             case TokenizerReady():
@@ -220,9 +220,7 @@ class EngineClient:
                     tracked.sink.put_nowait((tracked.index, msg))
             case IntegrityReport(id=cid, stats=stats):
                 # fresher than the last heartbeat: keep /metrics consistent with the reply
-                self.metrics.update_stats(
-                    SchedulerStats({**self.stats.engine, **stats}, self.stats.gen_throughput)
-                )
+                self.metrics.update_stats(SchedulerStats(stats, self.stats.gen_throughput))
                 fut = self._replies.get(cid)
                 if fut is not None and not fut.done():
                     fut.set_result(msg)

@@ -19,6 +19,7 @@ from typing import Any
 
 import msgspec
 
+from skiff.engine.stats import EngineStats
 from skiff.outputs import FinishReason, StepOutput
 from skiff.params import SamplingParams
 
@@ -155,7 +156,7 @@ class EngineReady(Message):
     max_context_len: int
     eos_token_ids: list[int]
     rank_pids: list[int]  # the engine's TP ranks: the API process ends them if the scheduler dies first
-    stats: dict[str, int | float]  # the fields of the engine's stats()
+    stats: EngineStats
     who: str = "scheduler"
 
 
@@ -169,7 +170,7 @@ class ChildFailed(Message):
 class SchedulerStats(Message):
     """Scheduler -> API, twice a second and whenever the engine goes idle: also the heartbeat."""
 
-    engine: dict[str, int | float]  # the fields of the engine's stats()
+    engine: EngineStats | None  # None: none reported yet
     gen_throughput: float  # generated tokens per second, smoothed
 
 
@@ -183,7 +184,7 @@ class IntegrityReport(Message):
     id: int
     ok: bool
     error: str | None
-    stats: dict[str, int | float]
+    stats: EngineStats
     live: int  # requests the scheduler holds
 
 

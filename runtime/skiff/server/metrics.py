@@ -113,17 +113,18 @@ class ServerMetrics:
 
     def update_stats(self, stats: SchedulerStats) -> None:
         s = stats.engine
-        self.num_queue_reqs.set(s.get("num_queued", 0))
-        self.num_running_reqs.set(s.get("num_running", 0))
-        self.token_usage.set(s.get("token_usage", 0.0))
-        prompt = s.get("prompt_tokens", 0)
-        self.cache_hit_rate.set(s.get("cache_hit_tokens", 0) / prompt if prompt else 0.0)
         self.gen_throughput.set(stats.gen_throughput)
-        self.pages_total.set(s.get("total_pages", 0))
-        self.pages_free.set(s.get("free_pages", 0))
-        self.pages_cached.set(s.get("cached_pages", 0))
-        self.pages_used.set(s.get("used_pages", 0))
-        self.preemptions.set(s.get("num_preemptions", 0))
+        if s is None:
+            return
+        self.num_queue_reqs.set(s.num_queued)
+        self.num_running_reqs.set(s.num_running)
+        self.token_usage.set(s.token_usage)
+        self.cache_hit_rate.set(s.cache_hit_rate)
+        self.pages_total.set(s.total_pages)
+        self.pages_free.set(s.free_pages)
+        self.pages_cached.set(s.cached_pages)
+        self.pages_used.set(s.used_pages)
+        self.preemptions.set(s.num_preemptions)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

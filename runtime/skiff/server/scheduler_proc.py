@@ -42,11 +42,6 @@ STATS_INTERVAL = 0.5  # seconds; the stats message doubles as the scheduler's he
 ABORT_MEMORY = 120.0  # seconds an abort for a not-yet-arrived request is remembered
 
 
-def _stats_dict(engine: Any) -> dict[str, Any]:
-    stats = engine.stats()
-    return dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else dict(vars(stats))
-
-
 def completion_budget(req: TokenizedRequest, limit: int) -> int:
     """The request's max_tokens, checked against the context; raises InvalidRequest."""
     n = len(req.input_ids)
@@ -88,7 +83,7 @@ class SchedulerLoop:
             max_context_len=int(self.engine.max_context_len),
             eos_token_ids=list(self.engine.eos_token_ids),
             rank_pids=[int(p.pid) for p in mp.active_children() if p.pid],
-            stats=_stats_dict(self.engine),
+            stats=self.engine.stats(),
         )
 
     def run(self) -> None:
@@ -145,7 +140,7 @@ class SchedulerLoop:
         self._throughput = rate if not self._last_stats else 0.5 * self._throughput + 0.5 * rate
         self._tokens_since = 0
         self._last_stats = now
-        self.to_api.send(SchedulerStats(_stats_dict(self.engine), self._throughput))
+        self.to_api.send(SchedulerStats(self.engine.stats(), self._throughput))
         stale = [rid for rid, t in self.early_aborts.items() if now - t > ABORT_MEMORY]
         for rid in stale:
             del self.early_aborts[rid]
@@ -156,7 +151,7 @@ class SchedulerLoop:
             self.engine.check_integrity()
         except AssertionError as e:
             ok, error = False, str(e) or "page accounting mismatch"
-        return IntegrityReport(cid, ok, error, _stats_dict(self.engine), len(self.live))
+        return IntegrityReport(cid, ok, error, self.engine.stats(), len(self.live))
 
 
 def _die(to_api: P.Outbox, e: Exception) -> None:
