@@ -78,3 +78,11 @@ app.kubernetes.io/component: {{ . }}
 {{- toJson (list .Release.Namespace) }}
 {{- end }}
 {{- end }}
+
+{{/* An alert's labels: its severity, then alerts.alertLabels; pass a dict with "ctx" and "severity". */}}
+{{- define "skiff.alertLabels" -}}
+severity: {{ .severity }}
+{{- with .ctx.Values.alerts.alertLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
