@@ -18,7 +18,10 @@ from delivery_helpers import ROOT, claimed_versions, renderer
 kvu.schema_contents = functools.lru_cache(maxsize=None)(kvu.schema_contents)
 
 # Kinds whose CRDs live outside this project (the Prometheus Operator's); nothing else may lack a schema.
-FOREIGN_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+FOREIGN_KINDS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
+}
 
 
 def unique_objects(rendered) -> list[dict]:
