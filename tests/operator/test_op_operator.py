@@ -57,8 +57,15 @@ def test_lifecycle_create_ready_update_scale_delete(api: Api, namespace: str, op
     assert dep.metadata.owner_references[0].controller is True
     assert {s.metadata.name for s in api.core.list_namespaced_service(ns).items} == {"chat", "chat-pods"}
     assert api.core.read_namespaced_service("chat-pods", ns).spec.cluster_ip == "None"
-    pdb = api.custom.list_namespaced_custom_object("policy", "v1beta1", ns, "poddisruptionbudgets")
-    assert [p["metadata"]["name"] for p in pdb["items"]] == ["chat"]  # 1.20 serves policy/v1beta1 only
+
+    def pdb_names() -> list[str] | None:  # 1.20 serves policy/v1beta1 only
+        items = api.custom.list_namespaced_custom_object("policy", "v1beta1", ns, "poddisruptionbudgets")[
+            "items"
+        ]
+        return [p["metadata"]["name"] for p in items] or None
+
+    # Ready needs a ready pod, not every child: a child whose apply failed is retried (seen once in CI)
+    assert wait_for_api(pdb_names, 30, "the PodDisruptionBudget") == ["chat"]
     events = api.core.list_namespaced_event(ns, field_selector="involvedObject.name=chat").items
     assert any(e.reason == "Ready" for e in events)
 
