@@ -74,15 +74,20 @@ COMPILERS: dict[GrammarKind, Callable[[str], str]] = {
 }
 
 
+def compiled(grammar: Grammar) -> str:
+    """The grammar in llguidance's own form, unchecked (the engine's matcher reports what is wrong)."""
+    return COMPILERS[grammar.kind](grammar.source)
+
+
 def to_llguidance(grammar: Grammar) -> str:
     """The grammar in llguidance's own form; raises GrammarError when it does not compile."""
     import llguidance
 
-    compiled = COMPILERS[grammar.kind](grammar.source)
-    problem = llguidance.LLMatcher.validate_grammar(compiled)
+    compiled_grammar = compiled(grammar)
+    problem = llguidance.LLMatcher.validate_grammar(compiled_grammar)
     if problem:
         raise GrammarError(f"the {grammar.kind} grammar does not compile: {problem.strip()}")
-    return compiled
+    return compiled_grammar
 
 
 def json_object() -> Grammar:

@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from skiff.constrained.grammar import Grammar, GrammarError, to_llguidance
+from skiff.constrained.grammar import Grammar, GrammarError, compiled
+from skiff.engine.sampler import to_device
 from skiff.params import InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -48,11 +49,12 @@ class GrammarMasks:
     def matcher(self, grammar: Grammar) -> Any:
         import llguidance
 
+        # The API validated it already; a matcher in error says the same for offline callers.
         try:
-            compiled = to_llguidance(grammar)
+            source = compiled(grammar)
         except GrammarError as e:
             raise InvalidRequest(str(e)) from e
-        m = llguidance.LLMatcher(self._ll_tokenizer(), compiled, log_level=0)
+        m = llguidance.LLMatcher(self._ll_tokenizer(), source, log_level=0)
         if m.is_error():
             raise InvalidRequest(f"the {grammar.kind} grammar does not compile: {m.get_error()}")
         return m
@@ -70,7 +72,7 @@ class GrammarMasks:
         )
         allowed = unpack_bitmask(bitmask.to(logits.device, non_blocking=True), logits.shape[-1])
         out = logits.clone()  # an inference tensor (and maybe a CUDA graph's output): not updated in place
-        index = torch.tensor(rows, device=logits.device)
+        index = to_device(rows, logits.device, torch.int64)  # no stream sync on CUDA
         out[index] = out[index].masked_fill(~allowed, float("-inf"))
         return out
 

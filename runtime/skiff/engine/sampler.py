@@ -161,7 +161,7 @@ class HostSample:
 
 
 # ------------------------------------------------------------------------------------------ GPU path
-def _to_device(values: list[float] | list[int], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+def to_device(values: list[float] | list[int], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """Host list -> device tensor without a stream sync (torch.tensor(..., device=cuda) would sync)."""
     return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
@@ -171,7 +171,7 @@ def _scaled(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     temps = [p.temperature for p in params]
     if len(set(temps)) == 1:
         return logits / temps[0]
-    return logits / _to_device(temps, logits.device, logits.dtype).unsqueeze(1)
+    return logits / to_device(temps, logits.device, logits.dtype).unsqueeze(1)
 
 
 def _scaled_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
@@ -207,7 +207,7 @@ def sample_device(
     else:
         tokens = greedy_tokens(logits)
         if sampled:
-            idx = _to_device(sampled, logits.device, torch.int64)
+            idx = to_device(sampled, logits.device, torch.int64)
             rows = _sample_rows(
                 logits.index_select(0, idx), [params[i] for i in sampled], [generators[i] for i in sampled]
             )
@@ -230,8 +230,8 @@ def _sample_rows(
         fi = fused._flashinfer()
         if fi is not None:  # FlashInfer's rejection sampler: top-k/top-p without sorting the vocabulary
             vocab = logits.shape[-1]
-            ks = _to_device([p.top_k if p.top_k > 0 else vocab for p in params], logits.device, torch.int32)
-            ps = _to_device([p.top_p for p in params], logits.device, torch.float32)
+            ks = to_device([p.top_k if p.top_k > 0 else vocab for p in params], logits.device, torch.int32)
+            ps = to_device([p.top_p for p in params], logits.device, torch.float32)
             return fi.top_k_top_p_sampling_from_probs(_scaled_probs(logits, params), ks, ps).long()
     if unseeded and not truncated and not any(p.min_p > 0 for p in params):
         fi = fused._flashinfer()
