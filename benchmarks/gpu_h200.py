@@ -20,6 +20,7 @@ All models have random weights: the throughput runs load config.json alone (load
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -40,6 +41,20 @@ PROFILE_KEYS = (
     "host_ms_per_step",
     "error",
 )
+
+
+def _with_env(env: dict[str, str], call: Callable[[], Any]) -> Any:
+    """call() with os.environ updated by env (read by the engine's parts as they are built), then restored."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return call()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def sections(bench: Bench, args: argparse.Namespace) -> list[tuple[str, str, Callable[[], Any]]]:
@@ -64,6 +79,14 @@ def sections(bench: Bench, args: argparse.Namespace) -> list[tuple[str, str, Cal
             lambda: profile_section(bench, "qwen3_8b", "decode_profile_trace_8b.json"),
         ),
         ("tput_qwen3_8b", "big", lambda: tput_section(bench, "qwen3_8b", "Qwen3-8B shape, overlap+graphs")),
+        (
+            "tput_qwen3_8b_fa3",
+            "big_fa3",
+            lambda: _with_env(
+                {"SKIFF_FLASHINFER_PREFILL": "fa3"},
+                lambda: tput_section(bench, "qwen3_8b", "Qwen3-8B shape, overlap+graphs, sm90 prefill"),
+            ),
+        ),
         (
             "tput_qwen3_8b_no_overlap",
             "big",

@@ -13,6 +13,7 @@ after its plan and the next plan of the same wrapper waits for it (the wait is a
 
 from __future__ import annotations
 
+import os
 from itertools import accumulate, chain
 from typing import TYPE_CHECKING, Any
 
@@ -61,7 +62,7 @@ class FlashInferBackend(AttentionBackend):
         self.kv = [(k.view(shape), v.view(shape)) for k, v in zip(pool.k, pool.v, strict=True)]
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
         self.prefill_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-            self.workspace, "NHD", backend="fa2"
+            self.workspace, "NHD", backend=os.environ.get("SKIFF_FLASHINFER_PREFILL", "fa2")
         )
         self.decode_wrapper = self._decode_wrapper()
         self._fences: dict[int, torch.cuda.Event] = {}
