@@ -186,7 +186,6 @@ class Pod:
             client.close()
         return self.exit_code
 
-
     def _metrics_server(self, client: EngineClient) -> _SideServer | None:
         if self.args.metrics_port is None:
             return None
