@@ -27,6 +27,7 @@ PRUNABLE: list[tuple[str, str]] = [
     ("policy/v1beta1", "PodDisruptionBudget"),
     ("autoscaling/v2", "HorizontalPodAutoscaler"),
     ("keda.sh/v1alpha1", "ScaledObject"),
+    ("networking.k8s.io/v1", "NetworkPolicy"),
 ]
 
 
@@ -35,6 +36,11 @@ def load_config() -> None:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
         kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
+
+
+def owned_by(obj: dict[str, Any], owner_uid: str) -> bool:
+    owners = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return any(o.get("uid") == owner_uid and o.get("controller") for o in owners)
 
 
 @dataclass
@@ -84,9 +90,7 @@ class Cluster:
                 continue
             items = res.get(namespace=namespace, label_selector=f"{LABEL_ISVC}={owner_name}").items
             for item in items:
-                owners = item.metadata.get("ownerReferences") or []
-                ours = any(o.get("uid") == owner_uid and o.get("controller") for o in owners)
-                if ours and (kind, item.metadata.name) not in keep:
+                if owned_by(item.to_dict(), owner_uid) and (kind, item.metadata.name) not in keep:
                     try:
                         res.delete(name=item.metadata.name, namespace=namespace)
                         removed.append(f"{kind}/{item.metadata.name}")
@@ -94,6 +98,30 @@ class Cluster:
                         if e.status != 404:
                             raise
         return removed
+
+    def read(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """One object by name (a get, never a list: the operator may not list Secrets), or None."""
+        res = self.resource(api_version, kind)
+        if res is None:
+            raise LookupError(f"the cluster does not serve {kind} ({api_version})")
+        try:
+            return res.get(name=name, namespace=namespace).to_dict()
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def delete_owned(self, api_version: str, kind: str, namespace: str, name: str, owner_uid: str) -> bool:
+        """Delete the object `name` if its controller is `owner_uid`; True if it was deleted."""
+        obj = self.read(api_version, kind, namespace, name)
+        if obj is None or not owned_by(obj, owner_uid):
+            return False
+        try:
+            self.resource(api_version, kind).delete(name=name, namespace=namespace)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+        return True
 
     def get_isvc(self, namespace: str, name: str) -> dict[str, Any] | None:
         api = kubernetes.client.CustomObjectsApi(self.api)
