@@ -149,7 +149,6 @@ def test_install_then_operator_reconciles_an_example(cluster, clients, tmp_path)
             ("list", "skiff.dev", "inferenceservices"),
             ("watch", "skiff.dev", "inferenceservices"),
             ("list", "discovery.k8s.io", "endpointslices"),
-            ("list", "", "secrets"),
             ("get", "", "secrets"),
             ("list", "", "services"),
             ("patch", "skiff.dev", "inferenceservices/scale"),
@@ -157,6 +156,7 @@ def test_install_then_operator_reconciles_an_example(cluster, clients, tmp_path)
             assert can(clients, router_sa, verb, group, resource), (verb, group, resource)
         for verb, group, resource in [
             ("create", "", "secrets"),
+            ("list", "", "secrets"),  # by name in model namespaces; listed only in its own (client keys)
             ("delete", "apps", "deployments"),
             ("patch", "skiff.dev", "inferenceservices"),
             ("create", "", "pods"),

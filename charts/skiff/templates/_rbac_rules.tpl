@@ -39,10 +39,13 @@
 - apiGroups: [discovery.k8s.io]
   resources: [endpointslices]
   verbs: [get, list, watch]
-# API keys for InferenceServices are read from Secrets the user names; never written.
+# Internal API keys (issue 27): one Secret per InferenceService, read and written by name; never listed.
 - apiGroups: [""]
   resources: [secrets]
-  verbs: [get, list, watch]
+  verbs: [get, create, patch, delete]
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, list, watch, create, update, patch, delete]
 - apiGroups: ["", events.k8s.io]
   resources: [events]
   verbs: [create, patch]
@@ -61,11 +64,18 @@
   resources: [inferenceservices/scale]
   verbs: [get, patch]
 - apiGroups: [""]
-  resources: [services, secrets]
+  resources: [services]
   verbs: [get, list, watch]
 - apiGroups: [discovery.k8s.io]
   resources: [endpointslices]
   verbs: [get, list, watch]
+{{- end }}
+
+{{/* The router's Secrets in a namespace it watches: client keys and internal keys, listed by label. */}}
+{{- define "skiff.routerSecretRules" -}}
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get, list]
 {{- end }}
 
 {{/* Cluster-scoped reads kopf makes to notice namespaces and CRDs appearing. */}}
