@@ -137,15 +137,15 @@ def next_internal_key(
 ) -> tuple[InternalKey, float]:
     """The keys the Secret should hold, and how many seconds a requested rotation must still wait (0: none).
 
-    A rotation keeps the previous key, so two rotations closer than `min_interval` would drop a key pods may
-    still be the only one to know (the kubelet refreshes a mounted Secret within about a minute): the second
-    waits."""
+    A rotation keeps the previous key and drops the one before it, which a pod may still be the only key it
+    knows until the kubelet refreshes its mounted copy (about a minute): so a rotation that would drop a key
+    waits until `min_interval` has passed since the last one."""
     if current is None:
         return InternalKey((make_key(),), requested, now), 0.0
     if requested == current.rotation:
         return current, 0.0
     wait = current.rotated_at + min_interval - now
-    if wait > 0:
+    if wait > 0 and len(current.keys) > 1:
         return current, wait
     return InternalKey((make_key(), current.keys[0]), requested, now), 0.0
 

@@ -47,11 +47,11 @@ def test_rotation_keeps_the_previous_key_and_waits_between_rotations() -> None:
     assert (first.keys, first.rotation, wait) == (("k1",), "", 0.0)
     same, wait = next_internal_key(first, "", now=900.0, min_interval=300, make_key=make)
     assert same == first and wait == 0.0  # nothing asked: nothing changes
-    second, wait = next_internal_key(first, "r1", now=900.0, min_interval=300, make_key=make)
-    assert second == InternalKey(("k2", "k1"), "r1", 900.0) and wait == 0.0
-    early, wait = next_internal_key(second, "r2", now=1000.0, min_interval=300, make_key=make)
+    second, wait = next_internal_key(first, "r1", now=150.0, min_interval=300, make_key=make)
+    assert second == InternalKey(("k2", "k1"), "r1", 150.0) and wait == 0.0  # drops nothing: at once
+    early, wait = next_internal_key(second, "r2", now=250.0, min_interval=300, make_key=make)
     assert early == second and wait == pytest.approx(200.0)  # k1 may be all a stale pod knows
-    third, _ = next_internal_key(second, "r2", now=1200.0, min_interval=300, make_key=make)
+    third, _ = next_internal_key(second, "r2", now=450.0, min_interval=300, make_key=make)
     assert third.keys == ("k3", "k2")
 
 
