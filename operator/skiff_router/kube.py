@@ -217,9 +217,7 @@ class KubeSource:
         else:
             isvcs = self._custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
             slices = self._slices(None)
-            secrets = self._core.list_namespaced_secret(
-                self.keys_namespace, label_selector=API_KEY_LABEL
-            ).items
+            secrets = self._client_key_secrets()
         secret_dicts = [ser(s) for s in secrets]
         have = {(s["metadata"].get("namespace"), s["metadata"]["name"]) for s in secret_dicts}
         for ns, name in _named_secrets(isvcs, internal=not self.namespaces):
@@ -229,6 +227,17 @@ class KubeSource:
                     secret_dicts.append(secret)
                     have.add((ns, name))
         return isvcs, slices, secret_dicts
+
+    def _client_key_secrets(self) -> list:
+        """Client-key Secrets of the router's own namespace; unreadable (RBAC that leaves it out, a wrong
+        $POD_NAMESPACE): none, with one warning, so models stay routable and key-only ones refuse all."""
+        try:
+            return self._core.list_namespaced_secret(self.keys_namespace, label_selector=API_KEY_LABEL).items
+        except Exception as e:
+            if not getattr(self, "_keys_warned", False):
+                log.warning("cannot list client keys in namespace %s: %s", self.keys_namespace, e)
+                self._keys_warned = True
+            return []
 
     def _read_secret(self, namespace: str, name: str) -> dict | None:
         """A Secret by name, cached (a hit for SECRET_TTL seconds, a miss for MISSING_TTL)."""
