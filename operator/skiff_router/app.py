@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ class RouterConfig:
     require_api_key: bool = False  # True: every model needs a key; else only models with apiKeySecretRef
     quota_replicas: int = 1  # router replicas sharing each key's limits (kube discovery may update it)
     metrics_port: int | None = None  # /metrics on a listener of its own (create_metrics_app), not the API's
+    workers: int = 1  # processes of this replica (--workers); each holds 1/workers of the quotas
 
 
 def error(status: int, message: str, code: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -64,7 +66,7 @@ class Router:
     def __init__(self, source: Source, config: RouterConfig) -> None:
         self.source, self.config = source, config
         self.registry, self.metrics = Registry(), RouterMetrics()
-        self.keys = KeyStore(share=config.quota_replicas)
+        self.keys = KeyStore(share=config.quota_replicas, processes=config.workers)
         self.holder = Holder(self.registry, source, self.metrics, config.hold_cap, config.hold_timeout)
         self.client: httpx.AsyncClient | None = None
         self.discovered = False
@@ -305,7 +307,7 @@ def create_app(source: Source, config: RouterConfig | None = None) -> FastAPI:
     async def health() -> Response:
         if not router.discovered:
             return JSONResponse({"status": "starting"}, status_code=503)
-        return JSONResponse({"status": "ok", "models": len(router.registry.models())})
+        return JSONResponse({"status": "ok", "models": len(router.registry.models()), "pid": os.getpid()})
 
     if router.config.metrics_port is None:
         app.add_api_route("/metrics", metrics_endpoint(router), methods=["GET"])

@@ -80,20 +80,22 @@ class KeyStore:
     """Keys by secret plus the usage windows (kept by key name, so a rotated secret keeps its quota).
 
     With N router replicas behind one Service each enforces 1/N of every limit (`share`), so that a key's
-    total stays near its limit while the Service spreads its requests over the replicas.
+    total stays near its limit while the Service spreads its requests over the replicas; with W worker
+    processes per replica (--workers, connections spread by the kernel) each process enforces 1/(N*W).
     """
 
-    def __init__(self, clock=time.monotonic, share: int = 1) -> None:
+    def __init__(self, clock=time.monotonic, share: int = 1, processes: int = 1) -> None:
         self._keys: dict[str, ApiKey] = {}
         self._usage: dict[str, _Usage] = {}
         self._clock = clock
         self.share = max(1, share)
+        self.processes = max(1, processes)
 
     def set_share(self, replicas: int) -> None:
         self.share = max(1, replicas)
 
     def _limit(self, value: int | None) -> int | None:
-        return None if value is None else max(1, math.ceil(value / self.share))
+        return None if value is None else max(1, math.ceil(value / (self.share * self.processes)))
 
     def set_keys(self, keys: list[ApiKey]) -> None:
         self._keys = {k.secret: k for k in keys}

@@ -1,24 +1,41 @@
 """The router's own Prometheus metrics (one registry per router, so tests can run several in a process).
 
 `skiff_router_inflight` + `skiff_router_held` per model is what the operator's `concurrency` metric reads.
+With --workers N every process keeps its own in multiprocess mode and /metrics sums them (skiff.workers).
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from skiff.workers import multiprocess_metrics_dir, render_metrics
 
 
 class RouterMetrics:
     def __init__(self) -> None:
+        self.multiprocess_dir = multiprocess_metrics_dir()
         self.registry = CollectorRegistry()
         r = self.registry
         self.inflight = Gauge(
-            "skiff_router_inflight", "requests being proxied to a backend", ["model"], registry=r
+            "skiff_router_inflight",
+            "requests being proxied to a backend",
+            ["model"],
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.held = Gauge(
-            "skiff_router_held", "requests held waiting for a ready replica", ["model"], registry=r
+            "skiff_router_held",
+            "requests held waiting for a ready replica",
+            ["model"],
+            registry=r,
+            multiprocess_mode="livesum",
         )
-        self.endpoints = Gauge("skiff_router_endpoints", "ready endpoints known", ["model"], registry=r)
+        self.endpoints = Gauge(
+            "skiff_router_endpoints",
+            "ready endpoints known",
+            ["model"],
+            registry=r,
+            multiprocess_mode="mostrecent",
+        )
         self.routed = Counter(
             "skiff_router_routed", "requests sent to a backend", ["model", "endpoint"], registry=r
         )
@@ -46,4 +63,4 @@ class RouterMetrics:
         )
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return render_metrics(self.registry)

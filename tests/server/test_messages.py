@@ -129,8 +129,12 @@ def test_inbox_drops_a_bad_frame_and_keeps_the_rest() -> None:
 def test_endpoints_live_in_one_directory() -> None:
     ep = P.Endpoints.under("/tmp/skiff-x")
     assert (ep.api, ep.tokenizer, ep.scheduler, ep.detokenizer) == (
-        "ipc:///tmp/skiff-x/api",
-        "ipc:///tmp/skiff-x/tokenizer",
+        ("ipc:///tmp/skiff-x/api",),
+        ("ipc:///tmp/skiff-x/tokenizer",),
         "ipc:///tmp/skiff-x/scheduler",
-        "ipc:///tmp/skiff-x/detokenizer",
+        ("ipc:///tmp/skiff-x/detokenizer",),
     )
+    many = P.Endpoints.under("/tmp/skiff-x", api_workers=2, detokenizers=3)
+    assert many.api == ("ipc:///tmp/skiff-x/api", "ipc:///tmp/skiff-x/api-1")
+    assert many.tokenizer == ("ipc:///tmp/skiff-x/tokenizer", "ipc:///tmp/skiff-x/tokenizer-1")
+    assert many.detokenizer[1:] == ("ipc:///tmp/skiff-x/detokenizer-1", "ipc:///tmp/skiff-x/detokenizer-2")

@@ -21,6 +21,24 @@ def http_ok(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
+def descendants(pid: int) -> set[int]:
+    """Every process below `pid` now (children, their children, ...)."""
+    kids = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    found = {int(k) for k in kids}
+    for kid in list(found):
+        found |= descendants(kid)
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, exited but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
 class Process:
     def __init__(
         self,

@@ -127,6 +127,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve /metrics on this port only (not on --port), so a network policy can open one alone",
     )
     g.add_argument("--num-tokenizers", type=int, default=1, help="tokenizer worker processes")
+    g.add_argument(
+        "--api-workers",
+        type=int,
+        default=1,
+        help="HTTP API server processes on the one port (SO_REUSEPORT; /metrics sums them)",
+    )
+    g.add_argument(
+        "--detokenizer-workers", type=int, default=1, help="detokenizer processes (requests dealt out)"
+    )
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     g.add_argument(
         "--grace-period", type=float, default=30.0, help="seconds to finish in-flight work on SIGTERM"
@@ -148,14 +157,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from skiff.server.args import ServerArgs
     from skiff.server.auth import KeyRing
-    from skiff.server.launcher import serve
 
     try:
         config = engine_config(args)
-        if args.num_tokenizers < 1:
-            raise ValueError("--num-tokenizers must be >= 1")
+        for flag in ("num_tokenizers", "api_workers", "detokenizer_workers"):
+            if getattr(args, flag) < 1:
+                raise ValueError(f"--{flag.replace('_', '-')} must be >= 1")
         if args.metrics_port is not None and not 0 < args.metrics_port < 65536:
             raise ValueError(f"--metrics-port must be a port number, got {args.metrics_port}")
         if args.metrics_port is not None and args.metrics_port == args.port:
@@ -164,6 +172,14 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"skiff serve: {e}")
         return 2
+    metrics_dir = None
+    if args.api_workers > 1:  # before prometheus_client is imported (skiff.workers says why)
+        from skiff.workers import use_multiprocess_metrics
+
+        metrics_dir = use_multiprocess_metrics()
+    from skiff.server.args import ServerArgs
+    from skiff.server.launcher import serve
+
     server = ServerArgs(
         engine=config,
         host=args.host,
@@ -172,6 +188,9 @@ def run(args: argparse.Namespace) -> int:
         api_key_file=args.api_key_file or None,
         metrics_port=args.metrics_port,
         num_tokenizers=args.num_tokenizers,
+        api_workers=args.api_workers,
+        detokenizer_workers=args.detokenizer_workers,
+        metrics_dir=metrics_dir,
         log_level=args.log_level,
         grace_period=args.grace_period,
         max_body_bytes=int(args.max_body_mb * 1024 * 1024),

@@ -17,6 +17,9 @@ class ServerArgs:
     api_key_file: str | None = None  # one key per line, re-read when it changes (auth.KeyRing)
     metrics_port: int | None = None  # /metrics on its own port (and not on `port`); None: on `port`
     num_tokenizers: int = 1
+    api_workers: int = 1  # HTTP server processes sharing the port (SO_REUSEPORT)
+    detokenizer_workers: int = 1  # detokenizer processes; the scheduler deals requests out to them
+    metrics_dir: str | None = None  # prometheus multiprocess directory (several API workers), removed at exit
     log_level: str = "info"
     grace_period: float = 30.0  # seconds in-flight requests get to finish after SIGTERM
     max_body_bytes: int = 32 * 1024 * 1024

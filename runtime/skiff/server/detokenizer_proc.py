@@ -93,8 +93,9 @@ class RequestDecodeState:
         return entries
 
 
-def run_detokenizer(args: ServerArgs, endpoints: P.Endpoints) -> None:
-    setup_child("detokenizer", args.log_level)
+def run_detokenizer(args: ServerArgs, endpoints: P.Endpoints, index: int = 0) -> None:
+    name = "detokenizer" if len(endpoints.detokenizer) == 1 else f"detokenizer-{index}"
+    setup_child(name, args.log_level)
     tok = load_tokenizer(args.tokenizer_path)
     pieces: dict[int, str] = {}
 
@@ -106,30 +107,34 @@ def run_detokenizer(args: ServerArgs, endpoints: P.Endpoints) -> None:
 
     ctx = zmq.Context()
     inbox = P.Inbox(
-        P.pull_socket(ctx, endpoints.detokenizer, bind=True), P.Decoder("detokenizer", ToDetokenizer)
+        P.pull_socket(ctx, endpoints.detokenizer[index], bind=True), P.Decoder(name, ToDetokenizer)
     )
-    to_api = P.outbox(ctx, endpoints.api)
+    to_api = P.ApiOutboxes(ctx, endpoints)
     to_sched = P.outbox(ctx, endpoints.scheduler)
-    to_api.send(DetokenizerReady())
-    states: dict[str, RequestDecodeState] = {}
+    to_api.send(DetokenizerReady(name))
+    states: dict[str, tuple[RequestDecodeState, int]] = {}  # rid -> its decoder and its API worker
     while True:
-        batch: list[DetokenizedChunk] = []
+        batches: dict[int, list[DetokenizedChunk]] = {}  # one message per API worker and pass
         for msg in inbox.drain(100):
             match msg:
-                case DecodeRegistration(rid=rid, options=options):
-                    states[rid] = RequestDecodeState(tok, options, piece)
+                case DecodeRegistration(rid=rid, options=options, owner=owner):
+                    states[rid] = (RequestDecodeState(tok, options, piece), owner)
                 case StepTokens(outputs=outputs):
                     for out in outputs:
-                        st = states.get(out.rid)
-                        if st is None:  # already finished here (stop string): the engine's abort echo
+                        known = states.get(out.rid)
+                        if known is None:  # already finished here (stop string): the engine's abort echo
                             continue
+                        st, owner = known
                         chunk = st.step(out)
                         if chunk.finish_reason is not None:
                             del states[out.rid]
                             if st.stop.matched is not None and out.finish_reason is None:
                                 to_sched.send(AbortRequest(out.rid))
+                        batch = batches.get(owner)
+                        if batch is None:
+                            batch = batches[owner] = []
                         batch.append(chunk)
                 case Shutdown():
                     return
-        if batch:
-            to_api.send(DetokenizedChunks(batch))
+        for owner, batch in batches.items():
+            to_api.to(owner).send(DetokenizedChunks(batch))

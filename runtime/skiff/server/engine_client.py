@@ -63,13 +63,16 @@ class PodInfo:
 
 
 class EngineClient:
-    def __init__(self, endpoints: P.Endpoints, metrics: ServerMetrics) -> None:
+    """One API worker's (`worker`: its index in `endpoints.api`) connection to the pod's other processes."""
+
+    def __init__(self, endpoints: P.Endpoints, metrics: ServerMetrics, worker: int = 0) -> None:
         self.endpoints = endpoints
         self.metrics = metrics
+        self.worker = worker
         self.ctx = zmq.asyncio.Context()
-        self.inbox = P.pull_socket(self.ctx, endpoints.api, bind=True)
+        self.inbox = P.pull_socket(self.ctx, endpoints.api[worker], bind=True)
         self.decode = P.Decoder("api", ToApi)
-        self.to_tokenizer = P.outbox(self.ctx, endpoints.tokenizer, bind=True)
+        self.to_tokenizer = P.outbox(self.ctx, endpoints.tokenizer[worker], bind=True)
         self.to_scheduler: P.Outbox | None = None
         self.info = PodInfo()
         self.requests: dict[str, _Tracked] = {}
@@ -118,6 +121,12 @@ class EngineClient:
         self.to_scheduler = P.outbox(self.ctx, self.endpoints.scheduler)
         self.last_heartbeat = time.monotonic()
 
+    def adopt(self, info: PodInfo) -> None:
+        """An extra API worker: the first one collected the pod's readiness and passes what it learnt."""
+        self.info = info
+        self.to_scheduler = P.outbox(self.ctx, self.endpoints.scheduler)
+        self.last_heartbeat = time.monotonic()
+
     def _absorb_ready(self, msg: TokenizerReady | DetokenizerReady | EngineReady) -> None:
         match msg:
             case EngineReady():
@@ -151,7 +160,7 @@ class EngineClient:
         rids = [f"{rid_base}-{first_index + i}" for i in range(len(sampling))]
         for i, rid in enumerate(rids):
             self.requests[rid] = _Tracked(sink, first_index + i, now)
-        self.to_tokenizer.send(TokenizeRequest(rids, prompt, sampling, max_tokens, decode))
+        self.to_tokenizer.send(TokenizeRequest(rids, prompt, sampling, max_tokens, decode, self.worker))
         self.metrics.inflight.set(len(self.requests))
         return rids
 
@@ -165,7 +174,7 @@ class EngineClient:
         cid = next(self._ids)
         fut: asyncio.Future[IntegrityReport] = asyncio.get_running_loop().create_future()
         self._replies[cid] = fut
-        self.to_scheduler.send(IntegrityCheck(cid))
+        self.to_scheduler.send(IntegrityCheck(cid, self.worker))
         try:
             return await asyncio.wait_for(fut, timeout)
         finally:

@@ -22,38 +22,18 @@ from typing import Any
 import uvicorn
 
 from skiff.server import protocol as P
-from skiff.server.api import create_app, create_metrics_app
+from skiff.server.api import create_metrics_app
 from skiff.server.args import ServerArgs
 from skiff.server.detokenizer_proc import run_detokenizer
 from skiff.server.engine_client import EngineClient
-from skiff.server.messages import Shutdown
+from skiff.server.http_server import http_server, run_api_worker, watch
+from skiff.server.messages import ChildFailed, Shutdown
 from skiff.server.metrics import ServerMetrics
 from skiff.server.scheduler_proc import run_scheduler
 from skiff.server.tokenizer_proc import run_tokenizer
+from skiff.workers import Siblings, listen_socket, remove_metrics_dir
 
 log = logging.getLogger("skiff.serve")
-MONITOR_INTERVAL = 0.25
-
-
-class _Server(uvicorn.Server):
-    """uvicorn, with our signal handling: drain on the first signal, force on the second, never re-raise."""
-
-    def __init__(self, config: uvicorn.Config, on_signal: Any) -> None:
-        super().__init__(config)
-        self._on_signal = on_signal
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        def handler(sig: int, frame: Any) -> None:
-            self._on_signal(sig)
-            self.handle_exit(sig, frame)
-
-        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for sig, h in previous.items():
-                signal.signal(sig, h)
 
 
 class _SideServer(uvicorn.Server):
@@ -68,8 +48,9 @@ class Pod:
     def __init__(self, args: ServerArgs) -> None:
         self.args = args
         self.ipc_dir = args.ipc_dir or tempfile.mkdtemp(prefix="skiff-")
-        self.endpoints = P.Endpoints.under(self.ipc_dir)
+        self.endpoints = P.Endpoints.under(self.ipc_dir, args.api_workers, args.detokenizer_workers)
         self.procs: dict[str, mp.process.BaseProcess] = {}
+        self.siblings: Siblings | None = None  # API workers 1..n-1
         self.exit_code = 0
         self.client: EngineClient | None = None
 
@@ -77,8 +58,11 @@ class Pod:
         ctx = mp.get_context("spawn")
         targets: dict[str, tuple[Any, tuple[Any, ...]]] = {
             "scheduler": (run_scheduler, (self.args, self.endpoints)),
-            "detokenizer": (run_detokenizer, (self.args, self.endpoints)),
         }
+        detoks = self.args.detokenizer_workers
+        for i in range(detoks):
+            name = "detokenizer" if detoks == 1 else f"detokenizer-{i}"
+            targets[name] = (run_detokenizer, (self.args, self.endpoints, i))
         for i in range(self.args.num_tokenizers):
             targets[f"tokenizer-{i}"] = (run_tokenizer, (self.args, self.endpoints, i))
         for name, (fn, fargs) in targets.items():
@@ -90,9 +74,25 @@ class Pod:
         for name, proc in self.procs.items():
             if proc.exitcode is not None:
                 return f"{name} process exited with code {proc.exitcode}"
-        return None
+        return self.siblings.dead() if self.siblings is not None else None
+
+    def start_siblings(self, client: EngineClient, port: int) -> None:
+        """API workers 1..n-1 on the port worker 0 (this process) listens on; returns once all listen."""
+        n = self.args.api_workers
+        self.siblings = Siblings("api", n, run_api_worker, self.args, self.endpoints, client.info, port)
+        self.siblings.start()
+        self.siblings.wait_ready(self.args.startup_timeout, self.dead_child)
+        client.info.pids |= self.siblings.pids()
+
+    def tell_siblings(self, client: EngineClient, problem: str) -> None:
+        """The pod is done: every other API worker fails its in-flight requests and exits non-zero."""
+        for addr in self.endpoints.api[1:]:
+            P.outbox(client.ctx, addr).send(ChildFailed("a process of the pod", problem))
 
     def stop_children(self, timeout: float = 10.0, rank_pids: list[int] | None = None) -> None:
+        if self.siblings is not None:
+            self.siblings.signal(signal.SIGTERM)
+            self.siblings.join(timeout)
         for name, proc in self.procs.items():
             if proc.is_alive() and name != "scheduler":
                 proc.terminate()
@@ -110,24 +110,12 @@ class Pod:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.kill(pid, signal.SIGKILL)
         shutil.rmtree(self.ipc_dir, ignore_errors=True)
+        remove_metrics_dir(self.args.metrics_dir)
 
-    async def monitor(self, client: EngineClient, server: _Server) -> None:
-        drain_deadline = None
-        while True:  # keeps watching during a drain: a child dying then must still fail in-flight work
-            problem = self.dead_child() or client.dead
-            if problem:
-                client.mark_dead(problem)
-                self.exit_code = 1
-                server.should_exit = True
-                return
-            if client.draining and drain_deadline is None:
-                drain_deadline = time.monotonic() + self.args.grace_period
-            if drain_deadline is not None and time.monotonic() > drain_deadline and client.requests:
-                # grace is over: end what is left with an error rather than cutting connections
-                client.fail_all(
-                    f"the server is shutting down (grace period of {self.args.grace_period:.0f} s is over)"
-                )
-            await asyncio.sleep(MONITOR_INTERVAL)
+    def on_signal(self, client: EngineClient, sig: int) -> None:
+        client.draining = True
+        if self.siblings is not None:  # Kubernetes signals only this process: every worker drains
+            self.siblings.signal(signal.SIGTERM)
 
     async def serve(self) -> int:
         metrics = ServerMetrics(self.args.model_name)
@@ -136,26 +124,22 @@ class Pod:
         expected = set(self.procs)
         print(f"Loading {self.args.model_name} (tp={self.args.engine.tp}) ...", flush=True)
         t0 = time.monotonic()
+        sock = None
         try:
             await client.wait_ready(expected, self.dead_child, self.args.startup_timeout)
-        except RuntimeError as e:
+            metrics.set_cache_config(
+                client.info.page_size or self.args.engine.page_size, client.info.total_pages
+            )
+            client.info.pids = {name: int(proc.pid or 0) for name, proc in self.procs.items()}
+            if self.args.api_workers > 1:
+                sock = listen_socket(self.args.host, self.args.port)
+                self.start_siblings(client, sock.getsockname()[1])
+        except (RuntimeError, OSError) as e:
             print(f"skiff serve: startup failed: {e}", file=sys.stderr, flush=True)
             client.close()
             return 1
-        metrics.set_cache_config(client.info.page_size or self.args.engine.page_size, client.info.total_pages)
-        client.info.pids = {name: int(proc.pid or 0) for name, proc in self.procs.items()}
         client.start()
-        app = create_app(self.args, client)
-        config = uvicorn.Config(
-            app,
-            host=self.args.host,
-            port=self.args.port,
-            log_level=self.args.log_level,
-            timeout_graceful_shutdown=int(self.args.grace_period) + 5,
-            access_log=False,
-            lifespan="off",
-        )
-        server = _Server(config, lambda sig: setattr(client, "draining", True))
+        server = http_server(self.args, client, lambda sig: self.on_signal(client, sig))
         side = self._metrics_server(client)
         side_task = asyncio.ensure_future(side.serve()) if side else None
         if side is not None and side_task is not None and not await _bound(side, side_task):
@@ -163,22 +147,31 @@ class Pod:
             client.fail_all("the server could not start")
             client.close()
             return 1
-        watcher = asyncio.ensure_future(self.monitor(client, server))
+        watcher = asyncio.ensure_future(watch(client, server, self.args.grace_period, self.dead_child))
+        workers = f", {self.args.api_workers} API workers" if self.args.api_workers > 1 else ""
         print(
             f"Skiff is serving {self.args.model_name} at http://{self.args.host}:{self.args.port}/v1 "
-            f"(ready in {time.monotonic() - t0:.1f} s)",
+            f"(ready in {time.monotonic() - t0:.1f} s{workers})",
             flush=True,
         )
         try:
-            await server.serve()
+            await server.serve(sockets=[sock] if sock is not None else None)
         finally:
+            failed = watcher.done() and not watcher.cancelled() and watcher.result()
             watcher.cancel()
             if side is not None and side_task is not None:
                 side.should_exit = True
                 with contextlib.suppress(SystemExit):
                     await side_task
+            if failed:
+                self.exit_code = 1
+                if self.siblings is not None:
+                    self.tell_siblings(client, client.dead or "the pod failed")
             if server.started is False and self.exit_code == 0:
                 self.exit_code = 1  # could not bind the port
+            if self.siblings is not None:  # they drain what they hold before the engine stops
+                self.siblings.signal(signal.SIGTERM)
+                await asyncio.to_thread(self.siblings.join, self.args.grace_period + 10)
             client.fail_all("the server is shutting down")
             if client.to_scheduler is not None and not client.dead:
                 client.to_scheduler.send(Shutdown())

@@ -68,6 +68,7 @@ class TokenizeRequest(Message):
     sampling: list[SamplingParams]  # one per rid (seeds differ); max_tokens is set by the scheduler
     max_tokens: int | None  # the client's budget; None: whatever the context leaves after the prompt
     decode: DecodeOptions
+    owner: int = 0  # the API worker waiting for the outputs (its index in Endpoints.api)
 
 
 class TokenizedRequest(Message):
@@ -78,6 +79,7 @@ class TokenizedRequest(Message):
     sampling: SamplingParams
     max_tokens: int | None
     decode: DecodeOptions
+    owner: int = 0
 
 
 class AbortRequest(Message):
@@ -91,6 +93,7 @@ class DecodeRegistration(Message):
 
     rid: str
     options: DecodeOptions
+    owner: int = 0  # the API worker its chunks go to
 
 
 class StepTokens(Message):
@@ -149,7 +152,7 @@ class TokenizerReady(Message):
 
 
 class DetokenizerReady(Message):
-    who: str = "detokenizer"
+    who: str = "detokenizer"  # "detokenizer-<i>" when there are several
 
 
 class EngineReady(Message):
@@ -178,6 +181,7 @@ class IntegrityCheck(Message):
     """API -> scheduler: run the engine's page-accounting check."""
 
     id: int
+    owner: int = 0  # the API worker the report goes to
 
 
 class IntegrityReport(Message):

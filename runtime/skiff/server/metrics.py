@@ -1,13 +1,18 @@
 """Prometheus metrics, under the names Kubernetes routers and autoscalers already read (sglang:*),
-plus skiff:* page accounting that tests and dashboards use to spot KV leaks."""
+plus skiff:* page accounting that tests and dashboards use to spot KV leaks.
+
+With several API workers each keeps its own in prometheus-client's multiprocess mode (skiff.workers) and
+/metrics sums them: counters and histograms add up, `inflight` is the sum over the live workers, and the
+engine's gauges (every worker gets the same heartbeat) take the most recent value."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from skiff.server.messages import SchedulerStats
+from skiff.workers import multiprocess_metrics_dir, render_metrics
 
 _LATENCY_BUCKETS = (
     0.005,
@@ -58,12 +63,13 @@ _ITL_BUCKETS = (
 
 class ServerMetrics:
     def __init__(self, model_name: str) -> None:
+        self.multiprocess_dir = multiprocess_metrics_dir()  # raises when the mode came too late
         self.registry = CollectorRegistry()
         r, labels = self.registry, ["model_name"]
         self._labels = {"model_name": model_name}
 
-        def gauge(name: str, doc: str) -> Any:
-            return Gauge(name, doc, labels, registry=r).labels(**self._labels)
+        def gauge(name: str, doc: str, mode: str = "mostrecent") -> Any:
+            return Gauge(name, doc, labels, registry=r, multiprocess_mode=mode).labels(**self._labels)
 
         def counter(name: str, doc: str) -> Any:
             return Counter(name, doc, labels, registry=r).labels(**self._labels)
@@ -88,7 +94,11 @@ class ServerMetrics:
         self.cached_tokens = counter("sglang:cached_tokens", "Prompt tokens served from the prefix cache")
         self.num_requests = counter("sglang:num_requests", "Finished requests")
         self.cache_config = Gauge(
-            "sglang:cache_config_info", "KV cache geometry", ["page_size", "num_pages"], registry=r
+            "sglang:cache_config_info",
+            "KV cache geometry",
+            ["page_size", "num_pages"],
+            registry=r,
+            multiprocess_mode="mostrecent",
         )
         self.pages_total = gauge("skiff:kv_pages_total", "KV pages in the pool")
         self.pages_free = gauge("skiff:kv_pages_free", "KV pages neither used nor cached")
@@ -97,7 +107,9 @@ class ServerMetrics:
         )
         self.pages_used = gauge("skiff:kv_pages_used", "KV pages held by live requests")
         self.preemptions = gauge("skiff:num_preemptions", "Requests retracted to free KV pages, since start")
-        self.inflight = gauge("skiff:inflight_requests", "Engine requests the API server is waiting on")
+        self.inflight = gauge(
+            "skiff:inflight_requests", "Engine requests the API server is waiting on", mode="livesum"
+        )
         self.finished = Counter(
             "skiff:requests_finished",
             "Finished engine requests by reason",
@@ -127,4 +139,4 @@ class ServerMetrics:
         self.preemptions.set(s.num_preemptions)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return render_metrics(self.registry)

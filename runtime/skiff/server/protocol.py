@@ -10,11 +10,15 @@ Topology (every arrow is one PUSH -> PULL pipe; the PULL side binds):
 The scheduler sends a request's `DecodeRegistration` (its stop strings and decode options) to the
 detokenizer on the same pipe as its outputs, so the detokenizer always knows a request before its first
 tokens arrive.
+
+Several API workers (`--api-workers`): each binds its own inbox and its own tokenizer pipe (every tokenizer
+connects to all of them), and the others send each request's replies to the inbox of the worker that owns
+it (`ApiOutboxes.to(owner)`). Several detokenizers (`--detokenizer-workers`): the scheduler deals requests
+out to them and sends each step's tokens to the detokenizer of each request.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -53,16 +57,27 @@ class Decoder:
 
 @dataclass(frozen=True)
 class Endpoints:
-    """The ipc:// addresses of the pod's PULL sockets, all inside one private directory."""
+    """The ipc:// addresses of the pod's bound sockets, all inside one private directory."""
 
-    api: str
-    tokenizer: str
+    api: tuple[str, ...]  # one inbox per API worker
+    tokenizer: tuple[str, ...]  # one tokenizer pipe per API worker (its PUSH side binds)
     scheduler: str
-    detokenizer: str
+    detokenizer: tuple[str, ...]  # one inbox per detokenizer
 
     @classmethod
-    def under(cls, root: str) -> Endpoints:
-        return cls(**{f.name: "ipc://" + os.path.join(root, f.name) for f in dataclasses.fields(cls)})
+    def under(cls, root: str, api_workers: int = 1, detokenizers: int = 1) -> Endpoints:
+        def addr(name: str) -> str:
+            return "ipc://" + os.path.join(root, name)
+
+        def several(name: str, n: int) -> tuple[str, ...]:
+            return (addr(name),) + tuple(addr(f"{name}-{i}") for i in range(1, n))
+
+        return cls(
+            several("api", api_workers),
+            several("tokenizer", api_workers),
+            addr("scheduler"),
+            several("detokenizer", detokenizers),
+        )
 
 
 class Outbox:
@@ -73,6 +88,25 @@ class Outbox:
 
     def send(self, msg: Message) -> None:
         self.sock.send(encode(msg))
+
+
+class ApiOutboxes:
+    """A child's pipes to every API worker: replies to a request's owner, heartbeats and failures to all."""
+
+    def __init__(self, ctx: zmq.Context, endpoints: Endpoints) -> None:
+        self.boxes = [outbox(ctx, addr) for addr in endpoints.api]
+
+    def to(self, owner: int) -> Outbox:
+        return self.boxes[owner]
+
+    def send(self, msg: Message) -> None:
+        """To the first worker: the API process that collects the pod's readiness."""
+        self.boxes[0].send(msg)
+
+    def broadcast(self, msg: Message) -> None:
+        frame = encode(msg)
+        for box in self.boxes:
+            box.sock.send(frame)
 
 
 def _socket(ctx: zmq.Context, kind: int, addr: str, bind: bool) -> zmq.Socket:

@@ -69,9 +69,10 @@ class SchedulerLoop:
         self.inbox = P.Inbox(
             P.pull_socket(ctx, endpoints.scheduler, bind=True), P.Decoder("scheduler", ToScheduler)
         )
-        self.to_detok = P.outbox(ctx, endpoints.detokenizer)
-        self.to_api = P.outbox(ctx, endpoints.api)
-        self.live: set[str] = set()
+        self.to_detok = [P.outbox(ctx, addr) for addr in endpoints.detokenizer]
+        self.to_api = P.ApiOutboxes(ctx, endpoints)
+        self.live: dict[str, int] = {}  # rid -> the detokenizer that decodes it
+        self._dealt = 0
         self.early_aborts: dict[str, float] = {}
         self.running = True
         self._tokens_since = 0
@@ -107,8 +108,8 @@ class SchedulerLoop:
                     self.engine.abort_request(rid)
                 else:
                     self.early_aborts[rid] = time.monotonic()
-            case IntegrityCheck(id=cid):
-                self.to_api.send(self.check_integrity(cid))
+            case IntegrityCheck(id=cid, owner=owner):
+                self.to_api.to(owner).send(self.check_integrity(cid))
             case Shutdown():
                 self.running = False
 
@@ -118,21 +119,34 @@ class SchedulerLoop:
         try:
             budget = completion_budget(req, int(self.engine.max_context_len))
             sampling = dataclasses.replace(req.sampling, max_tokens=budget)
-            self.to_detok.send(DecodeRegistration(req.rid, req.decode))
+            detok = self._dealt % len(self.to_detok)
             self.engine.add_request(req.rid, req.input_ids, sampling)
         except InvalidRequest as e:
-            self.to_api.send(RequestFailed(req.rid, 400, str(e)))
+            self.to_api.to(req.owner).send(RequestFailed(req.rid, 400, str(e)))
             return
-        self.live.add(req.rid)
+        self._dealt += 1
+        self.to_detok[detok].send(DecodeRegistration(req.rid, req.decode, req.owner))
+        self.live[req.rid] = detok
 
     def send_outputs(self, outs: list[StepOutput]) -> None:
         if not outs:
             return
+        live = self.live
+        if len(self.to_detok) == 1:
+            for o in outs:
+                self._tokens_since += len(o.token_ids)
+                if o.finish_reason is not None:
+                    live.pop(o.rid, None)
+            self.to_detok[0].send(StepTokens(outs))
+            return
+        shards: list[list[StepOutput]] = [[] for _ in self.to_detok]
         for o in outs:
             self._tokens_since += len(o.token_ids)
-            if o.finish_reason is not None:
-                self.live.discard(o.rid)
-        self.to_detok.send(StepTokens(outs))
+            detok = live.pop(o.rid, 0) if o.finish_reason is not None else live.get(o.rid, 0)
+            shards[detok].append(o)
+        for box, shard in zip(self.to_detok, shards, strict=True):
+            if shard:
+                box.send(StepTokens(shard))
 
     def send_stats(self, now: float) -> None:
         elapsed = now - self._last_stats if self._last_stats else STATS_INTERVAL
@@ -140,7 +154,7 @@ class SchedulerLoop:
         self._throughput = rate if not self._last_stats else 0.5 * self._throughput + 0.5 * rate
         self._tokens_since = 0
         self._last_stats = now
-        self.to_api.send(SchedulerStats(self.engine.stats(), self._throughput))
+        self.to_api.broadcast(SchedulerStats(self.engine.stats(), self._throughput))
         stale = [rid for rid, t in self.early_aborts.items() if now - t > ABORT_MEMORY]
         for rid in stale:
             del self.early_aborts[rid]
@@ -154,17 +168,17 @@ class SchedulerLoop:
         return IntegrityReport(cid, ok, error, self.engine.stats(), len(self.live))
 
 
-def _die(to_api: P.Outbox, e: Exception) -> None:
-    """Report why, then exit: the API process turns this into a failed start or an unhealthy pod."""
+def _die(to_api: P.ApiOutboxes, e: Exception) -> None:
+    """Report why, then exit: the API processes turn this into a failed start or an unhealthy pod."""
     traceback.print_exc()
-    to_api.send(ChildFailed("scheduler", f"{type(e).__name__}: {e}"))
+    to_api.broadcast(ChildFailed("scheduler", f"{type(e).__name__}: {e}"))
     time.sleep(0.2)
 
 
 def run_scheduler(args: ServerArgs, endpoints: P.Endpoints) -> None:
     setup_child("scheduler", args.log_level)
     ctx = zmq.Context()
-    to_api = P.outbox(ctx, endpoints.api)
+    to_api = P.ApiOutboxes(ctx, endpoints)
     try:
         if args.engine.null_engine:
             from skiff.engine.null import NullEngine

@@ -1,6 +1,6 @@
 """Tokenizer worker process: chat templates and encoding, off the API server's event loop.
 
-Several workers may run (--num-tokenizers); the API's PUSH socket deals requests out round-robin.
+Several workers may run (--num-tokenizers); each API worker's PUSH socket deals requests out round-robin.
 """
 
 from __future__ import annotations
@@ -80,9 +80,12 @@ def run_tokenizer(args: ServerArgs, endpoints: P.Endpoints, index: int) -> None:
     setup_child(f"tokenizer-{index}", args.log_level)
     tok = load_tokenizer(args.tokenizer_path)
     ctx = zmq.Context()
-    inbox = P.Inbox(P.pull_socket(ctx, endpoints.tokenizer, bind=False), P.Decoder("tokenizer", ToTokenizer))
+    pull = P.pull_socket(ctx, endpoints.tokenizer[0], bind=False)
+    for addr in endpoints.tokenizer[1:]:  # one pipe per API worker, fair-queued
+        pull.connect(addr)
+    inbox = P.Inbox(pull, P.Decoder("tokenizer", ToTokenizer))
     to_sched = P.outbox(ctx, endpoints.scheduler)
-    to_api = P.outbox(ctx, endpoints.api)
+    to_api = P.ApiOutboxes(ctx, endpoints)
     probe = tok.encode("Hello", add_special_tokens=False) or [0]
     tools, reasoning = output_formats(tok, args.tool_call_parser, args.reasoning_parser)
     to_api.send(TokenizerReady(f"tokenizer-{index}", probe, len(tok), tools, reasoning))
@@ -95,12 +98,12 @@ def run_tokenizer(args: ServerArgs, endpoints: P.Endpoints, index: int) -> None:
             ids = encode_prompt(tok, msg.prompt)
         except PromptError as e:
             for rid in msg.rids:
-                to_api.send(RequestFailed(rid, 400, str(e)))
+                to_api.to(msg.owner).send(RequestFailed(rid, 400, str(e)))
             continue
         except Exception as e:  # a tokenizer bug must not take the worker down
             log.exception("tokenizing failed")
             for rid in msg.rids:
-                to_api.send(RequestFailed(rid, 500, f"tokenizer error: {e}"))
+                to_api.to(msg.owner).send(RequestFailed(rid, 500, f"tokenizer error: {e}"))
             continue
         for rid, sampling in zip(msg.rids, msg.sampling, strict=True):
-            to_sched.send(TokenizedRequest(rid, ids, sampling, msg.max_tokens, msg.decode))
+            to_sched.send(TokenizedRequest(rid, ids, sampling, msg.max_tokens, msg.decode, msg.owner))
