@@ -17,6 +17,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve /metrics on this port only (not on --port), so a network policy can open one alone",
+    )
     src = parser.add_mutually_exclusive_group()
     src.add_argument(
         "--static",
