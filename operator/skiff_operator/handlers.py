@@ -26,6 +26,7 @@ from . import access, render
 from .autoscaling import handlers as autoscaling_handlers
 from .kube import owned_by
 from .metadata import LABEL_HASH, LABEL_ISVC
+from .metrics import METRICS
 from .render import OperatorSettings
 from .spec import parse_spec
 from .state import ISVC, STATE
@@ -50,6 +51,7 @@ def sync_status(namespace: str, name: str) -> dict[str, Any] | None:
     with STATE.lock((namespace, name)):
         isvc = cluster.get_isvc(namespace, name)
         if isvc is None or isvc["metadata"].get("deletionTimestamp"):
+            METRICS.forget(namespace, name)
             return None
         error = STATE.errors.get((namespace, name))
         try:
@@ -60,6 +62,7 @@ def sync_status(namespace: str, name: str) -> dict[str, Any] | None:
             desired_hash = ""
         dep, pods = cluster.observe(namespace, name)
         new, events = compute_status(isvc, Observed(dep, pods, desired_hash, error), _now(), STATE.settings)
+        METRICS.record_status(isvc, new)
         if status_changed(isvc.get("status"), new):
             cluster.write_status(namespace, name, new)
         for ev in events:
@@ -98,6 +101,7 @@ def sync_internal_key(cluster: Any, isvc: dict[str, Any]) -> float:
     return wait
 
 
+@METRICS.reconciled
 def reconcile(namespace: str, name: str, retry: int = 0) -> None:
     """Bring the children of one InferenceService to the desired state, then write its status."""
     cluster = STATE.api()

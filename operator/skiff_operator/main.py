@@ -11,6 +11,7 @@ import kopf
 
 from . import handlers
 from .access import NetworkPolicySettings
+from .metrics import METRICS
 from .render import OperatorSettings
 
 
@@ -29,6 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=8080,
         help="liveness endpoint http://0.0.0.0:PORT/healthz (0 disables)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=8081,
+        help="Prometheus metrics http://0.0.0.0:PORT/metrics (0 disables)",
     )
     parser.add_argument(
         "--peering",
@@ -90,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         key_rotation_min_seconds=args.key_rotation_min_seconds,
         network_policy=policy,
     )
+    if args.metrics_port:
+        METRICS.serve(args.metrics_port)
     kopf.run(
         clusterwide=not args.namespace,
         namespaces=args.namespace,

@@ -66,8 +66,8 @@ def test_unmodified_chart_is_refused_on_kube_version(cluster):
 @contextlib.contextmanager
 def installed_operator(cluster, clients, tmp_path: Path, health: int, replicas: int = 1):
     """Runs the installed operator Deployment's container as local processes, one per replica: its command
-    line (after the kubelet's $(VAR) expansion; each replica its own health port, as in its own pod) and
-    its ServiceAccount's token. Yields the log paths."""
+    line (after the kubelet's $(VAR) expansion; each replica its own health and metrics ports, as in its
+    own pod) and its ServiceAccount's token. Yields the log paths."""
     operator = clients.apps.read_namespaced_deployment("skiff-operator", NAMESPACE)
     container = operator.spec.template.spec.containers[0]
     env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
@@ -80,7 +80,8 @@ def installed_operator(cluster, clients, tmp_path: Path, health: int, replicas: 
     try:
         for i in range(replicas):
             port = health if i == 0 else free_port()
-            args = [f"--health-port={port}" if a.startswith("--health-port=") else a for a in container.args]
+            ports = {"--health-port=": port, "--metrics-port=": free_port()}  # each pod has its own
+            args = [next((f"{p}{n}" for p, n in ports.items() if a.startswith(p)), a) for a in container.args]
             logs.append(tmp_path / f"operator-{i}.log")
             pod_env = {**env, "POD_ID": f"replica-{i}"}  # the Deployment's downward-API pod name
             assert any(

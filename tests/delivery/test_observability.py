@@ -2,7 +2,8 @@
 ci/observability-values.yaml: the dashboard's queries read only series the runtime and the router really
 export (their live registries), filtered by the dashboard's variables; the alert rules pass
 `promtool check rules` and the `promtool test rules` cases in tests/delivery/promtool/; each alert has a
-runbook in docs/operations.md."""
+runbook in docs/operations.md. The operator's metrics come from its live registry too (one status fed in,
+so the per-service families have samples)."""
 
 from __future__ import annotations
 
@@ -19,11 +20,14 @@ import yaml
 from delivery_helpers import CHART, ROOT, find, renderer, values_of
 from prometheus_client.metrics import MetricWrapperBase
 from skiff.server.metrics import ServerMetrics
+from skiff_operator.metrics import OperatorMetrics
 from skiff_router.metrics import RouterMetrics
 
 OBSERVABILITY_VALUES = CHART / "ci" / "observability-values.yaml"
 DASHBOARD = CHART / "dashboards" / "skiff.json"
 PROMTOOL_CASES = Path(__file__).parent / "promtool" / "alerts_test.yaml"
+# SkiffOperatorDown as rendered without the operator's ServiceMonitor (from kube-state-metrics).
+PROMTOOL_KSM_CASES = Path(__file__).parent / "promtool" / "operator_down_ksm_test.yaml"
 OPERATIONS = ROOT / "docs" / "operations.md"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 ALERTS = {
@@ -33,39 +37,44 @@ ALERTS = {
     "SkiffErrorRatioHigh",
     "SkiffModelNoReadyEndpoint",
     "SkiffRouterRejecting",
+    "SkiffReconcileFailing",
     "SkiffOperatorDown",
 }
 
-# The one exception to "only series Skiff exports": kube-state-metrics' Deployment series, for the operator
-# row (InferenceService Deployments, selected through kube_deployment_labels) and SkiffOperatorDown (the
-# operator serves no /metrics of its own). All carry `namespace`.
-KUBE_STATE_METRICS = {
-    "kube_deployment_spec_replicas",
-    "kube_deployment_status_replicas_ready",
-    "kube_deployment_status_replicas_available",
-    "kube_deployment_labels",
-}
+# The exceptions to "only series Skiff exports": Prometheus' own `up` (SkiffOperatorDown with the operator's
+# ServiceMonitor) and kube-state-metrics' Deployment series (SkiffOperatorDown without it). The dashboard
+# reads neither.
+PROMETHEUS = {"up"}
+KUBE_STATE_METRICS = {"kube_deployment_spec_replicas", "kube_deployment_status_replicas_available"}
 # Series names a metric family exposes, by type (prometheus_client drops `_total` from a counter's name).
 _SUFFIXES = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count")}
 _PROMQL_WORDS = {"and", "or", "unless", "bool", "offset", "inf", "nan"}
 
 
-def exported(metrics: ServerMetrics | RouterMetrics) -> dict[str, frozenset[str]]:
+def exported(metrics: ServerMetrics | RouterMetrics | OperatorMetrics) -> dict[str, frozenset[str]]:
     """Series name -> label names of every metric on a live metrics object's registry."""
     labels = {
         w._name: frozenset(w._labelnames)  # a family's label names; unlabelled ones have no samples yet
         for w in vars(metrics).values()
         if isinstance(w, MetricWrapperBase)
     }
-    return {
-        family.name + suffix: labels[family.name]
-        for family in metrics.registry.collect()
-        for suffix in _SUFFIXES[family.type]
-    }
+    out = {}
+    for family in metrics.registry.collect():
+        sampled = frozenset(name for s in family.samples for name in s.labels if name != "le")
+        for suffix in _SUFFIXES[family.type]:
+            out[family.name + suffix] = labels.get(family.name, frozenset()) | sampled
+    return out
+
+
+def operator_metrics() -> OperatorMetrics:
+    m = OperatorMetrics()
+    m.record_status({"metadata": {"namespace": "ml", "name": "chat"}, "spec": {}}, {"phase": "Ready"})
+    return m
 
 
 RUNTIME = exported(ServerMetrics("m"))
 ROUTER = exported(RouterMetrics())
+OPERATOR = exported(operator_metrics())
 
 
 def strip_strings(expr: str) -> str:
@@ -181,6 +190,20 @@ def test_router_alerts_only_with_a_router():
     assert [g["name"] for g in groups] == ["skiff-runtime", "skiff-operator"]
 
 
+def test_operator_down_reads_the_operator_scrape_with_its_service_monitor():
+    values = {"alerts": {"enabled": True}, "serviceMonitor": {"enabled": True}}
+    objs = [o for v in renderer.render(values, release="ml", namespace="serving").values() for o in v]
+    (rule,) = find(objs, "PrometheusRule", "ml-skiff")
+    down = alert_rules(rule["spec"]["groups"])["SkiffOperatorDown"]["expr"]
+    # Prometheus Operator names a ServiceMonitor's job after the Service it scrapes
+    (service,) = find(objs, "Service", "ml-skiff-operator-metrics")
+    assert find(objs, "ServiceMonitor", "ml-skiff-operator")
+    assert "absent(up{" in down
+    assert dict(selectors(down)) == {
+        "up": {"namespace": ("=", "serving"), "job": ("=", service["metadata"]["name"])}
+    }
+
+
 def test_operator_down_watches_this_release():
     objs = [
         o
@@ -281,19 +304,29 @@ def test_latency_quantiles(dashboard):
 
 
 def test_queries_read_only_exported_series(dashboard):
-    known = RUNTIME.keys() | ROUTER.keys() | KUBE_STATE_METRICS
+    known = RUNTIME.keys() | ROUTER.keys() | OPERATOR.keys()
     used = set()
     for expr in queries(dashboard):
         assert metric_names(expr) <= known, (metric_names(expr) - known, expr)
         used |= metric_names(expr)
     assert not used - known
-    # Every metric the dashboard shows is in a row: runtime and router alike.
-    assert used & RUNTIME.keys() and used & ROUTER.keys() and used & KUBE_STATE_METRICS
+    # Every metric the dashboard shows is in a row: runtime, router and operator alike.
+    assert used & RUNTIME.keys() and used & ROUTER.keys() and used & OPERATOR.keys()
+
+
+def test_operator_row_reads_every_operator_metric(dashboard):
+    rows = [p for p in dashboard["panels"] if p["type"] == "row"]
+    start = next(r["gridPos"]["y"] for r in rows if r["title"] == "Operator")
+    exprs = [t["expr"] for p in panels(dashboard) if p["gridPos"]["y"] > start for t in p["targets"]]
+    used = set().union(*(metric_names(e) for e in exprs))
+    families = {n.removesuffix("_bucket") for n in OPERATOR if not n.endswith(("_sum", "_count"))}
+    assert {n.removesuffix("_bucket") for n in used} == families
 
 
 def test_queries_filter_by_the_variables(dashboard):
     """Runtime series carry model_name, plus namespace from the scrape; the router's carry model (their
-    namespace is the router's own, so they are not filtered by it); kube-state-metrics' carry namespace."""
+    namespace is the router's own, so they are not filtered by it); the operator's carry the
+    InferenceService's namespace, and model_name where they describe one service's status."""
     for expr in queries(dashboard):
         bare = re.sub(r"[a-zA-Z_:][a-zA-Z0-9_:]*\{[^}]*\}", " ", expr)
         assert not metric_names(bare), f"a selector without label matchers in {expr}"
@@ -306,8 +339,11 @@ def test_queries_filter_by_the_variables(dashboard):
             elif metric in ROUTER:
                 wanted = {"model": "$model"}
                 assert "model" in ROUTER[metric], metric
-            elif metric in KUBE_STATE_METRICS:
+            elif metric in OPERATOR:
                 wanted = {"namespace": "$namespace"}
+                assert "namespace" in OPERATOR[metric], metric
+                if "model_name" in OPERATOR[metric]:
+                    wanted["model_name"] = "$model"
             for label, variable in wanted.items():
                 assert labels.get(label) == ("=~", variable), (metric, label, expr)
             for label in ("namespace", "model_name", "model"):
@@ -347,28 +383,36 @@ def run_promtool(promtool: str, *args: str, cwd: Path | None = None) -> subproce
     return proc
 
 
-def write_rules(tmp_path: Path, groups: list[dict[str, Any]]) -> Path:
+def write_rules(
+    tmp_path: Path, groups: list[dict[str, Any]], name: str = "rules.yaml", cases: Path = PROMTOOL_CASES
+) -> Path:
     """The rendered groups as a plain rules file, next to the promtool cases that load it."""
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}, sort_keys=False))
-    shutil.copy(PROMTOOL_CASES, tmp_path / PROMTOOL_CASES.name)
-    return tmp_path / "rules.yaml"
+    (tmp_path / name).write_text(yaml.safe_dump({"groups": groups}, sort_keys=False))
+    shutil.copy(cases, tmp_path / cases.name)
+    return tmp_path / name
 
 
 def test_alert_expressions_read_only_exported_series(rendered):
-    known = RUNTIME.keys() | ROUTER.keys() | KUBE_STATE_METRICS
+    known = RUNTIME.keys() | ROUTER.keys() | OPERATOR.keys() | PROMETHEUS
     rules = alert_rules(find(rendered["observability-values"], "PrometheusRule")[0]["spec"]["groups"])
     for name, r in rules.items():
         assert metric_names(r["expr"]) <= known, (name, metric_names(r["expr"]) - known)
+    without_monitor = alert_rules(rule_groups({"serviceMonitor": {"enabled": False}}))
+    assert metric_names(without_monitor["SkiffOperatorDown"]["expr"]) == KUBE_STATE_METRICS
     assert metric_names(rules["SkiffErrorRatioHigh"]["expr"]) == {
         "skiff:http_errors_total",
         "sglang:num_requests_total",
     }
 
 
-@pytest.mark.parametrize("router", [True, False], ids=["router", "no-router"])
-def test_promtool_check_rules(tmp_path, router):
+@pytest.mark.parametrize(
+    ("router", "monitor"),
+    [(True, True), (False, True), (True, False)],
+    ids=["all", "no-router", "no-monitor"],
+)
+def test_promtool_check_rules(tmp_path, router, monitor):
     promtool = need_promtool()
-    groups = rule_groups({"router": {"enabled": router}})
+    groups = rule_groups({"router": {"enabled": router}, "serviceMonitor": {"enabled": monitor}})
     proc = run_promtool(promtool, "check", "rules", str(write_rules(tmp_path, groups)))
     assert f"SUCCESS: {sum(len(g['rules']) for g in groups)} rules found" in proc.stdout
 
@@ -380,6 +424,13 @@ def test_promtool_unit_tests_fire_each_alert(tmp_path):
     assert tested == ALERTS, "every alert needs a case that fires it"
     write_rules(tmp_path, rule_groups())
     run_promtool(promtool, "test", "rules", PROMTOOL_CASES.name, cwd=tmp_path)
+
+
+def test_promtool_operator_down_from_kube_state_metrics(tmp_path):
+    promtool = need_promtool()
+    groups = rule_groups({"serviceMonitor": {"enabled": False}})
+    write_rules(tmp_path, groups, "rules-ksm.yaml", PROMTOOL_KSM_CASES)
+    run_promtool(promtool, "test", "rules", PROMTOOL_KSM_CASES.name, cwd=tmp_path)
 
 
 def test_promtool_unit_tests_catch_a_changed_threshold(tmp_path):

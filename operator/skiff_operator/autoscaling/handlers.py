@@ -15,6 +15,7 @@ from typing import Any
 
 import kopf
 
+from skiff_operator.metrics import METRICS
 from skiff_operator.state import ISVC, STATE
 
 from .loop import Autoscaler, status_patch
@@ -46,6 +47,7 @@ async def autoscale(
     outcome = await scaler.step(isvc)
     if outcome is None:
         return
+    METRICS.record_decision(isvc, outcome.decision.reason, outcome.current, outcome.decision.replicas)
     previous = dict(status.get("autoscaling") or {})
     patch.status["autoscaling"] = status_patch(outcome, spec["autoscaling"].get("metric", "queue"), previous)
     uid = body["metadata"]["uid"]
