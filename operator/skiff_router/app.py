@@ -160,6 +160,7 @@ class Router:
         try:
             up = await self._open(pool, ctx)
         except NoEndpoint as e:
+            self.metrics.rejected.labels(model=model, reason="upstream_unavailable").inc()
             return error(503, str(e), "upstream_unavailable", {"Retry-After": str(self.config.retry_after)})
         headers = rl_headers | {"x-skiff-backend": up.endpoint.address}
         if stream and up.response.status_code == 200:
@@ -229,6 +230,7 @@ class Router:
             yield sse_error(503, f"{e} (retry after {self.config.retry_after}s)", e.code)
             return
         except NoEndpoint as e:
+            self.metrics.rejected.labels(model=ctx.model, reason="upstream_unavailable").inc()
             yield sse_error(503, str(e), "upstream_unavailable")
             return
         finally:

@@ -141,6 +141,16 @@ def test_dead_endpoint_is_routed_around(env):
     assert len(a.server.config.app.state.requests) == 6
 
 
+def test_no_endpoint_answering_is_a_counted_503(env):
+    e = env(max_attempts=2, retry_after=5)
+    dead = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
+    e.write([{"name": "svc", "models": ["m"], "endpoints": dead}])
+    r = httpx.post(e.url + "/v1/completions", json={"model": "m", "prompt": "x"}, timeout=10)
+    assert r.status_code == 503 and r.headers["retry-after"] == "5"
+    assert r.json()["error"]["code"] == "upstream_unavailable"
+    assert e.metric("skiff_router_rejected_total", model="m", reason="upstream_unavailable") == 1
+
+
 def test_mid_stream_failure_is_not_retried(env):
     e = env()
     a = e.backend("A", die_after_chunks=2)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 
 import httpx
@@ -203,6 +205,26 @@ def test_metrics_parse_and_move(server: ServerProcess, client: openai.OpenAI) ->
         >= before["sglang:inter_token_latency_seconds_count"] + 8
     )
     assert "sglang:cached_tokens_total" in after
+
+
+def test_an_unexpected_error_is_a_counted_500(server: ServerProcess) -> None:
+    """An exception no route expects (here the engine's integrity check timing out while the scheduler is
+    stopped) answers 500 in OpenAI's error format and counts in skiff:http_errors like every error."""
+
+    def errors_500() -> float:
+        return metric_values(server.metrics_text()).get("skiff:http_errors_total{status=500}", 0.0)
+
+    before = errors_500()
+    scheduler = server.pids()["scheduler"]
+    os.kill(scheduler, signal.SIGSTOP)
+    try:
+        r = httpx.get(server.url + "/skiff/integrity", timeout=30)
+    finally:
+        os.kill(scheduler, signal.SIGCONT)
+    assert r.status_code == 500 and r.json()["error"]["type"] == "internal_server_error"
+    assert "TimeoutError" in r.json()["error"]["message"]
+    assert errors_500() == before + 1
+    server.wait_idle()
 
 
 def test_prefix_cache_hits_show_in_usage(client: openai.OpenAI) -> None:

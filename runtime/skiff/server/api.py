@@ -123,6 +123,7 @@ def create_app(args: ServerArgs, client: EngineClient) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, e: Exception) -> JSONResponse:
+        client.metrics.errors.labels(model_name=model_name, status="500").inc()
         return JSONResponse(error_body(500, f"internal error: {type(e).__name__}: {e}"), status_code=500)
 
     @app.middleware("http")
