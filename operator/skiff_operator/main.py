@@ -8,6 +8,7 @@ import logging
 import sys
 
 import kopf
+from skiff_contract.tracing import TracingUnavailable, traces_url
 
 from . import handlers
 from .access import NetworkPolicySettings
@@ -69,6 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
         help='a NetworkPolicy per InferenceService: {"apiFrom": [peers], "metricsFrom": [peers]} '
         "(NetworkPolicyPeers admitted to the pods' API and metrics ports)",
     )
+    parser.add_argument(
+        "--otlp-traces-endpoint",
+        default="",
+        help="OTLP/HTTP URL every InferenceService's pods export request spans to (their "
+        "SKIFF_OTLP_TRACES_ENDPOINT, unless runtime.env sets it); default: off",
+    )
     return parser
 
 
@@ -88,6 +95,11 @@ def main(argv: list[str] | None = None) -> int:
         policy = NetworkPolicySettings.parse(args.network_policy) if args.network_policy else None
     except ValueError as e:
         parser.error(str(e))
+    if args.otlp_traces_endpoint:
+        try:
+            traces_url(args.otlp_traces_endpoint)
+        except TracingUnavailable as e:
+            parser.error(str(e))
     configure_logging(args.log_level)
     handlers.STATE.settings = dataclasses.replace(
         handlers.STATE.settings,
@@ -96,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         internal_api_keys=args.internal_api_keys,
         key_rotation_min_seconds=args.key_rotation_min_seconds,
         network_policy=policy,
+        traces_endpoint=args.otlp_traces_endpoint,
     )
     if args.metrics_port:
         METRICS.serve(args.metrics_port)

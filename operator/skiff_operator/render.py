@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from skiff_contract import API_PORT_NAME, METRICS_PORT_NAME
+from skiff_contract.tracing import ENDPOINT_ENV
 
 from .access import KEY_FILE, KeyMount, NetworkPolicySettings, key_mount, network_policy
 from .autoscaling.render import autoscaler_objects
@@ -29,6 +30,7 @@ class OperatorSettings:
     internal_api_keys: bool = False
     key_rotation_min_seconds: float = 300.0
     network_policy: NetworkPolicySettings | None = None  # a NetworkPolicy per InferenceService when set
+    traces_endpoint: str = ""  # OTLP/HTTP URL the model pods export request spans to ("" : tracing off)
 
 
 def service_url(isvc: dict[str, Any], settings: OperatorSettings, spec: InferenceServiceSpec) -> str:
@@ -192,6 +194,9 @@ def pod_template(
     }
     if not pod["initContainers"]:
         del pod["initContainers"]
+    server_env = pod["containers"][0]["env"]
+    if settings.traces_endpoint and not any(e["name"] == ENDPOINT_ENV for e in server_env):
+        server_env.append({"name": ENDPOINT_ENV, "value": settings.traces_endpoint})  # runtime.env wins
     optional = {
         "nodeSelector": dict(sched.node_selector) or None,
         "tolerations": tolerations or None,

@@ -10,10 +10,12 @@ import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from skiff_contract.tracing import configure as configure_tracing
 
 from skiff_router.balance import prefix_key
 from skiff_router.discovery import Source
@@ -38,6 +40,7 @@ class RouterConfig:
     quota_replicas: int = 1  # router replicas sharing each key's limits (kube discovery may update it)
     metrics_port: int | None = None  # /metrics on a listener of its own (create_metrics_app), not the API's
     workers: int = 1  # processes of this replica (--workers); each holds 1/workers of the quotas
+    otlp_traces_endpoint: str | None = None  # OTLP/HTTP URL for request spans; None: tracing off
 
 
 def error(status: int, message: str, code: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -67,6 +70,7 @@ class Router:
         self.source, self.config = source, config
         self.registry, self.metrics = Registry(), RouterMetrics()
         self.keys = KeyStore(share=config.quota_replicas, processes=config.workers)
+        self.tracing = configure_tracing("skiff-router", config.otlp_traces_endpoint)
         self.holder = Holder(self.registry, source, self.metrics, config.hold_cap, config.hold_timeout)
         self.client: httpx.AsyncClient | None = None
         self.discovered = False
@@ -99,10 +103,33 @@ class Router:
                 await self._task
         if self.client:
             await self.client.aclose()
+        if self.tracing is not None:
+            self.tracing.shutdown()
 
     # --- request path ---------------------------------------------------------------------------------
 
     async def handle(self, request: Request, path: str) -> Response:
+        """One request, in a SERVER span (child of the client's traceparent) when tracing is on."""
+        if self.tracing is None:
+            return await self._handle(request, path, None)
+        attrs = {"http.request.method": "POST", "http.route": path}
+        span = self.tracing.start(
+            f"POST {path}", self.tracing.extract(request.headers), kind="server", attributes=attrs
+        )
+        try:
+            response = await self._handle(request, path, span)
+        except BaseException as e:
+            span.record_exception(e)
+            span.end()
+            raise
+        span.set_attribute("http.response.status_code", response.status_code)
+        if isinstance(response, StreamingResponse):
+            response.body_iterator = _ending(response.body_iterator, span)
+        else:
+            span.end()
+        return response
+
+    async def _handle(self, request: Request, path: str, span: Any) -> Response:
         arrived = time.monotonic()
         try:
             body = await request.json()
@@ -138,7 +165,11 @@ class Router:
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
             strip_usage = True
         routing_key = prefix_key(body, pool.spec.prefix_chars)
-        ctx = _Ctx(model, path, body, routing_key, key, rl_headers, arrived, strip_usage)
+        ctx = _Ctx(model, path, body, routing_key, key, rl_headers, arrived, strip_usage, span)
+        if span is not None:
+            span.set_attribute("gen_ai.request.model", model)
+            if not pool.endpoints:
+                span.add_event("held", {"reason": "no ready endpoint"})
         if stream and not pool.endpoints:
             if self.holder.held_for(model) >= self.config.hold_cap:  # refuse with a real 503 before the 200
                 self.metrics.rejected.labels(model=model, reason="hold_cap").inc()
@@ -170,15 +201,28 @@ class Router:
     async def _open(self, pool: Pool, ctx: _Ctx) -> Upstream:
         assert self.client is not None
         retries = self.metrics.retries.labels(model=ctx.model)
-        up = await open_upstream(
-            self.client,
-            pool,
-            ctx.path,
-            ctx.body,
-            ctx.routing_key,
-            self.config.max_attempts,
-            on_retry=retries.inc,
-        )
+        if ctx.span is not None and self.tracing is not None:
+            ctx.upstream_span = self.tracing.start("upstream", ctx.span, kind="client")
+        try:
+            up = await open_upstream(
+                self.client,
+                pool,
+                ctx.path,
+                ctx.body,
+                ctx.routing_key,
+                self.config.max_attempts,
+                on_retry=retries.inc,
+                headers=self.tracing.inject(ctx.upstream_span) if ctx.upstream_span is not None else None,
+            )
+        except NoEndpoint as e:
+            if ctx.upstream_span is not None:
+                ctx.upstream_span.record_exception(e)
+                ctx.upstream_span.end()
+            raise
+        if ctx.upstream_span is not None:
+            ctx.upstream_span.set_attributes(
+                {"server.address": up.endpoint.address, "skiff.attempts": up.attempts}
+            )
         self.metrics.routed.labels(model=ctx.model, endpoint=up.endpoint.address).inc()
         self.metrics.inflight.labels(model=ctx.model).inc()
         self.metrics.ttfb.labels(model=ctx.model).observe(time.monotonic() - ctx.arrived)
@@ -192,6 +236,15 @@ class Router:
         self.metrics.tokens.labels(model=ctx.model, kind="completion").inc(up.usage.completion_tokens)
         if ctx.key is not None:
             self.keys.charge(ctx.key, up.usage.total)
+        if ctx.upstream_span is not None:
+            ctx.upstream_span.set_attributes(
+                {
+                    "http.response.status_code": up.response.status_code,
+                    "gen_ai.usage.input_tokens": up.usage.prompt_tokens,
+                    "gen_ai.usage.output_tokens": up.usage.completion_tokens,
+                }
+            )
+            ctx.upstream_span.end()
 
     async def _whole(self, up: Upstream, ctx: _Ctx, headers: dict[str, str]) -> Response:
         try:
@@ -256,6 +309,17 @@ class _Ctx:
     rl_headers: dict[str, str]
     arrived: float
     strip_usage: bool = False
+    span: Any = None  # the request's SERVER span, when tracing is on
+    upstream_span: Any = None  # its CLIENT span to the backend, once one is chosen
+
+
+async def _ending(body: AsyncIterator[bytes], span: Any) -> AsyncIterator[bytes]:
+    """A streamed body that ends the request's span when it is done (or the client leaves)."""
+    try:
+        async for chunk in body:
+            yield chunk
+    finally:
+        span.end()
 
 
 def create_app(source: Source, config: RouterConfig | None = None) -> FastAPI:

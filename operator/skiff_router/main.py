@@ -9,6 +9,8 @@ import argparse
 import logging
 import sys
 
+from skiff_contract.tracing import ENDPOINT_HELP, TracingUnavailable, check_available
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -85,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="router processes on the one port (SO_REUSEPORT); each holds its own endpoint load and "
         "enforces 1/N of every API-key quota",
     )
+    parser.add_argument("--otlp-traces-endpoint", default=None, help=ENDPOINT_HELP)
     parser.add_argument("--log-level", default="info")
     return parser
 
@@ -93,6 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.workers < 1:
         raise SystemExit("--workers must be >= 1")
+    try:
+        check_available(args.otlp_traces_endpoint)  # each process then starts its own exporter
+    except TracingUnavailable as e:
+        print(f"skiff-router: {e}", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -55,14 +55,19 @@ class NoEndpoint(Exception):
 
 
 async def _send_with_keys(
-    client: httpx.AsyncClient, endpoint: Endpoint, keys: tuple[str, ...], path: str, body: dict
+    client: httpx.AsyncClient,
+    endpoint: Endpoint,
+    keys: tuple[str, ...],
+    path: str,
+    body: dict,
+    extra_headers: dict[str, str],
 ) -> httpx.Response:
     """Send with each key in turn, the current one first, while the pod answers 401 (a pod whose mounted
     Secret the kubelet has not refreshed yet knows only the previous key); a 401 comes before the pod
     reads the request, so sending it again is safe. The last answer is returned."""
     order: list[str | None] = list(keys) or [None]
     for i, key in enumerate(order):
-        headers = {"authorization": f"Bearer {key}"} if key else None
+        headers = extra_headers | ({"authorization": f"Bearer {key}"} if key else {})
         request = client.build_request("POST", endpoint.url + path, json=body, headers=headers)
         response = await client.send(request, stream=True)
         if response.status_code != 401 or i == len(order) - 1:
@@ -79,8 +84,10 @@ async def open_upstream(
     routing_key: str,
     max_attempts: int,
     on_retry=None,
+    headers: dict[str, str] | None = None,
 ) -> Upstream:
-    """Pick an endpoint and send; on connection failure (or 502/503 before any byte) eject it and retry."""
+    """Pick an endpoint and send; on connection failure (or 502/503 before any byte) eject it and retry.
+    `headers` go with every attempt (the trace context)."""
     tried: list[str] = []
     last_error = "no ready endpoint"
     for attempt in range(1, max_attempts + 1):
@@ -90,7 +97,9 @@ async def open_upstream(
         tried.append(endpoint.address)
         endpoint.inflight += 1
         try:
-            response = await _send_with_keys(client, endpoint, pool.spec.upstream_keys, path, body)
+            response = await _send_with_keys(
+                client, endpoint, pool.spec.upstream_keys, path, body, headers or {}
+            )
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError) as e:
             endpoint.inflight -= 1
             pool.eject(endpoint.address)

@@ -79,7 +79,8 @@ def test_operator_target_has_no_torch():
     operator = stages()["operator"]
     assert re.search(r"^ARG PYTHON_IMAGE=python:3\.\d+\.\d+-slim-\w+$", DOCKERFILE.read_text(), re.M)
     assert "torch" not in " ".join(pip_commands(operator))
-    assert "-q --disable-pip-version-check ." in pip_commands(operator)  # the base install: no runtime extra
+    # the base install and tracing: no runtime extra
+    assert "-q --disable-pip-version-check .[tracing]" in pip_commands(operator)
     assert 'ENTRYPOINT ["skiff-operator"]' in operator and re.search(r"^USER \$\{SKIFF_UID\}", operator, re.M)
 
 
@@ -93,7 +94,7 @@ def test_pip_steps_are_the_ci_install_commands():
     assert pinned, ci
     for cmd in pinned:
         assert cmd in image, f"CI runs `pip install {cmd}`; the runtime image does not"
-    assert "-q --disable-pip-version-check .[runtime]" in image
+    assert "-q --disable-pip-version-check .[runtime,tracing]" in image
 
 
 def test_cpu_runtime_target():

@@ -218,7 +218,22 @@ def test_operator_down_watches_this_release():
     }
 
 
+def test_tracing_is_off_by_default_and_one_value_turns_it_on():
+    def args(objs: list[dict[str, Any]], deployment: str) -> list[str]:
+        (d,) = find(objs, "Deployment", deployment)
+        return d["spec"]["template"]["spec"]["containers"][0]["args"]
+
+    default = observability_objects()
+    for name in ("skiff-router", "skiff-operator"):
+        assert not [a for a in args(default, name) if a.startswith("--otlp-traces-endpoint")]
+    url = "http://otel-collector.observability:4318"
+    traced = observability_objects({"tracing": {"otlpTracesEndpoint": url}})
+    for name in ("skiff-router", "skiff-operator"):
+        assert f"--otlp-traces-endpoint={url}" in args(traced, name), name
+
+
 BAD_VALUES = [
+    ({"tracing": {"otlpTracesEndpoint": "otel-collector:4318"}}, "/tracing/otlpTracesEndpoint"),
     ({"alerts": {"kvUsage": 1.5}}, "/alerts/kvUsage"),
     ({"alerts": {"for": {"ttft": "ten minutes"}}}, "/alerts/for/ttft"),
     ({"alerts": {"for": {"tftt": "5m"}}}, "additional properties 'tftt' not allowed"),

@@ -249,6 +249,20 @@ def test_operator_settings_and_pdb_fallback() -> None:
     )
 
 
+def test_traces_endpoint_reaches_the_server_env_unless_the_spec_sets_it() -> None:
+    def env(spec: dict, settings: OperatorSettings) -> dict[str, str]:
+        server = by_kind(render(spec, settings))["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]
+        return {e["name"]: e.get("value") for e in server["env"]}
+
+    url = "http://otel-collector.observability:4318"
+    assert "SKIFF_OTLP_TRACES_ENDPOINT" not in env({}, OperatorSettings())  # off by default
+    assert env({}, OperatorSettings(traces_endpoint=url))["SKIFF_OTLP_TRACES_ENDPOINT"] == url
+    own = {"runtime": {"env": [{"name": "SKIFF_OTLP_TRACES_ENDPOINT", "value": "http://mine:4318"}]}}
+    names = [e for e in env(own, OperatorSettings(traces_endpoint=url)) if e == "SKIFF_OTLP_TRACES_ENDPOINT"]
+    assert names == ["SKIFF_OTLP_TRACES_ENDPOINT"]
+    assert env(own, OperatorSettings(traces_endpoint=url))["SKIFF_OTLP_TRACES_ENDPOINT"] == "http://mine:4318"
+
+
 def test_autoscaler_objects_are_appended(monkeypatch) -> None:
     seen = []
 

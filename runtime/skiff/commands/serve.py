@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from skiff_contract.tracing import ENDPOINT_HELP
+
 from skiff.config import DTYPE_NAMES, LOAD_FORMATS, EngineConfig
 from skiff.layers.quant import QUANTIZATIONS
 from skiff.server.reasoning import REASONING_PARSERS
@@ -142,6 +144,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--max-body-mb", type=float, default=32.0, help="largest accepted request body")
     g.add_argument("--max-n", type=int, default=128, help="largest n x prompts of one request")
+    g.add_argument("--otlp-traces-endpoint", default=None, help=ENDPOINT_HELP)
     g.add_argument(
         "--tool-call-parser",
         default="auto",
@@ -197,5 +200,6 @@ def run(args: argparse.Namespace) -> int:
         max_n=args.max_n,
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
+        otlp_traces_endpoint=args.otlp_traces_endpoint,
     )
     return serve(server)

@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
+from skiff_contract.tracing import Tracing
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from skiff.constrained.grammar import Grammar, GrammarError, to_llguidance
@@ -27,6 +28,7 @@ from skiff.server.generation import Job
 from skiff.server.messages import ChatPrompt, DecodeOptions, TokenIdsPrompt
 from skiff.server.openai_types import ChatCompletionRequest, CompletionRequest
 from skiff.server.tool_choice import check_tools, forced_schema
+from skiff.server.tracing import TraceMiddleware
 
 M = TypeVar("M", bound=BaseModel)
 _OPEN_PATHS = {"/health", "/health_generate", "/metrics", "/skiff/integrity", "/skiff/processes"}
@@ -106,8 +108,10 @@ def create_metrics_app(client: EngineClient) -> FastAPI:
     return app
 
 
-def create_app(args: ServerArgs, client: EngineClient) -> FastAPI:
+def create_app(args: ServerArgs, client: EngineClient, tracing: Tracing | None = None) -> FastAPI:
     app = FastAPI(title="Skiff", docs_url=None, redoc_url=None, openapi_url=None)
+    if tracing is not None:
+        app.add_middleware(TraceMiddleware, tracing=tracing)
     model_name = args.model_name
     keys = KeyRing.configured(args.api_key, args.api_key_file)
 

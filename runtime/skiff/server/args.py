@@ -28,6 +28,7 @@ class ServerArgs:
     ipc_dir: str | None = None  # where the ipc:// sockets live; None: a fresh temporary directory
     tool_call_parser: str = "auto"  # a name in tool_calls.TOOL_PARSERS, "auto" (from the template) or "none"
     reasoning_parser: str = "auto"  # a name in reasoning.REASONING_PARSERS, "auto" or "none"
+    otlp_traces_endpoint: str | None = None  # OTLP/HTTP URL for request spans; None: tracing off
 
     @property
     def tokenizer_path(self) -> str:

@@ -17,6 +17,7 @@ from skiff.server.chat_output import AnswerShaper, ChatOutputSpec, Piece, tool_c
 from skiff.server.engine_client import EngineClient
 from skiff.server.errors import ApiError, error_body
 from skiff.server.messages import DecodeOptions, DetokenizedChunk, Prompt, RequestFailed, TokenLogprob
+from skiff.server.tracing import current_trace
 
 # UTF-8 as is, like json.dumps(ensure_ascii=False), and several times faster
 _json = msgspec.json.Encoder().encode
@@ -61,6 +62,9 @@ class Job:
         per_choice = [
             sampling if seed is None else dataclasses.replace(sampling, seed=seed + i) for i in range(n)
         ]
+        self.trace = current_trace()
+        if self.trace is not None:
+            self.trace.submitted(len(self.choices), model, self.id)
         for p_index, prompt in enumerate(prompts):
             self.rids += client.submit(
                 prompt, per_choice, max_tokens, decode, self.sink, p_index * n, rid_base
@@ -91,6 +95,8 @@ class Job:
                     earlier = merged.get(index)
                     merged[index] = item if earlier is None else earlier.then(item)
                 for index, item in merged.items():
+                    if self.trace is not None:
+                        self.trace.observe(index, item)
                     c = self.choices[index]
                     c.text.append(item.text)
                     if item.logprobs:

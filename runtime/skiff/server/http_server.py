@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 
 import uvicorn
+from skiff_contract.tracing import Tracing
+from skiff_contract.tracing import configure as configure_tracing
 
 from skiff.server import protocol as P
 from skiff.server.api import create_app
@@ -26,9 +28,11 @@ log = logging.getLogger("skiff.serve")
 MONITOR_INTERVAL = 0.25
 
 
-def http_server(args: ServerArgs, client: EngineClient, on_signal: Callable[[int], None]) -> SignalledServer:
+def http_server(
+    args: ServerArgs, client: EngineClient, on_signal: Callable[[int], None], tracing: Tracing | None = None
+) -> SignalledServer:
     config = uvicorn.Config(
-        create_app(args, client),
+        create_app(args, client, tracing),
         host=args.host,
         port=args.port,
         log_level=args.log_level,
@@ -77,7 +81,9 @@ async def _serve_worker(
     client.adopt(info)
     client.metrics.set_cache_config(info.page_size, info.total_pages)
     client.start()
-    server = http_server(args, client, lambda sig: setattr(client, "draining", True))
+    # each worker process exports its own spans (the URL was checked by worker 0 before it spawned us)
+    tracing = configure_tracing("skiff-serve", args.otlp_traces_endpoint)
+    server = http_server(args, client, lambda sig: setattr(client, "draining", True), tracing)
     sock: socket.socket = listen_socket(args.host, port)
     ready.set()
     watcher = asyncio.ensure_future(watch(client, server, args.grace_period, lambda: None))
@@ -87,4 +93,6 @@ async def _serve_worker(
         watcher.cancel()
         client.fail_all("the server is shutting down")
         client.close()
+        if tracing is not None:
+            tracing.shutdown()
     return 1 if client.dead else 0

@@ -20,6 +20,8 @@ from collections.abc import Generator
 from typing import Any
 
 import uvicorn
+from skiff_contract.tracing import TracingUnavailable
+from skiff_contract.tracing import configure as configure_tracing
 
 from skiff.server import protocol as P
 from skiff.server.api import create_metrics_app
@@ -118,6 +120,11 @@ class Pod:
             self.siblings.signal(signal.SIGTERM)
 
     async def serve(self) -> int:
+        try:
+            tracing = configure_tracing("skiff-serve", self.args.otlp_traces_endpoint)
+        except TracingUnavailable as e:
+            print(f"skiff serve: {e}", file=sys.stderr, flush=True)
+            return 2
         metrics = ServerMetrics(self.args.model_name)
         client = self.client = EngineClient(self.endpoints, metrics)
         self.spawn()
@@ -139,7 +146,7 @@ class Pod:
             client.close()
             return 1
         client.start()
-        server = http_server(self.args, client, lambda sig: self.on_signal(client, sig))
+        server = http_server(self.args, client, lambda sig: self.on_signal(client, sig), tracing)
         side = self._metrics_server(client)
         side_task = asyncio.ensure_future(side.serve()) if side else None
         if side is not None and side_task is not None and not await _bound(side, side_task):
@@ -177,6 +184,8 @@ class Pod:
                 client.to_scheduler.send(Shutdown())
                 await asyncio.sleep(0.05)
             client.close()
+            if tracing is not None:
+                tracing.shutdown()  # export the spans still buffered
         return self.exit_code
 
     def _metrics_server(self, client: EngineClient) -> _SideServer | None:
