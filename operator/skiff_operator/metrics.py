@@ -148,7 +148,8 @@ class OperatorMetrics:
 
         @functools.wraps(reconcile)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-            namespace, name = str(args[0]), str(args[1])
+            given = dict(zip(("namespace", "name"), args, strict=False)) | kwargs
+            namespace, name = str(given["namespace"]), str(given["name"])
             self.reconciles.labels(namespace=namespace, inferenceservice=name).inc()
             started = time.perf_counter()
             try:

@@ -51,15 +51,16 @@ def test_reconcile_hook_counts_times_and_reraises():
             raise kopf.TemporaryError("applying children failed") from ApiException(status=403)
 
     reconcile("ml", "good")
+    reconcile(namespace="ml", name="good", retry=1)
     with pytest.raises(kopf.TemporaryError):
         reconcile("ml", "bad", 2)
     page = samples(m.render().decode())
-    assert value(page, "skiff_operator_reconciles_total", inferenceservice="good") == 1
-    assert value(page, "skiff_operator_reconciles_total", namespace="ml") == 2
+    assert value(page, "skiff_operator_reconciles_total", inferenceservice="good") == 2
+    assert value(page, "skiff_operator_reconciles_total", namespace="ml") == 3
     assert value(page, "skiff_operator_reconcile_failures_total", inferenceservice="bad") == 1
     assert value(page, "skiff_operator_reconcile_failures_total", reason="Forbidden") == 1
     assert value(page, "skiff_operator_reconcile_failures_total", inferenceservice="good") is None
-    assert value(page, "skiff_operator_reconcile_duration_seconds_count") == 2
+    assert value(page, "skiff_operator_reconcile_duration_seconds_count", namespace="ml") == 3
 
 
 def test_status_gauges_follow_the_status_and_go_with_the_object():
