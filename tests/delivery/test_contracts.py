@@ -56,3 +56,17 @@ def test_ha_wrapper_draws_random_priorities(tmp_path):
         assert args.peering == "skiff-operator" and not args.standalone
         seen.add(args.priority)
     assert len(seen) == 3, seen
+
+
+def test_metrics_port_and_tracing_reach_the_parsers():
+    from skiff_operator.main import build_parser
+    from skiff_router.main import build_parser as router_parser
+
+    url = "http://otel-collector.observability:4318"
+    values = {"tracing": {"otlpTracesEndpoint": url}, "operator": {"metricsPort": 9090}}
+    objs = [o for v in renderer.render(values).values() for o in v]
+    oc = container(objs, "skiff-operator")
+    op = build_parser().parse_args(oc["args"])
+    assert op.metrics_port == 9090 == {p["name"]: p["containerPort"] for p in oc["ports"]}["metrics"]
+    assert op.otlp_traces_endpoint == url
+    assert router_parser().parse_args(container(objs, "skiff-router")["args"]).otlp_traces_endpoint == url
