@@ -45,8 +45,8 @@ def failure_reason(error: BaseException) -> str | None:
     if isinstance(cause, ApiException):
         status = int(cause.status or 0)
         return _API_REASONS.get(status, "ServerError" if status >= 500 else "ApiError")
-    if isinstance(cause, LookupError):
-        return "KindNotServed"
+    if isinstance(cause, LookupError):  # a kind the cluster does not serve, or a name another object holds
+        return "CannotApply"
     return "Unexpected"
 
 

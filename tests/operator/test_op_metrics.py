@@ -39,6 +39,10 @@ def test_failure_reasons_name_what_went_wrong():
         except kopf.TemporaryError as e:
             assert failure_reason(e) == reason
     assert failure_reason(RuntimeError("boom")) == "Unexpected"
+    try:
+        raise kopf.TemporaryError("applying children failed") from LookupError("Secret x is not ours")
+    except kopf.TemporaryError as e:
+        assert failure_reason(e) == "CannotApply"
     assert failure_reason(kopf.TemporaryError("rotation waits 30 s", delay=30)) is None  # a requeue
 
 
