@@ -1,6 +1,6 @@
 """`skiff-router`: serve the in-cluster OpenAI endpoint (discovery from Kubernetes or a static file).
 
-Nothing here imports prometheus_client: with --workers N the metrics mode is chosen first (skiff.workers).
+Nothing here imports prometheus_client: with --workers N the metrics mode is chosen first (skiff_process.workers).
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     metrics_dir = None
     if args.workers > 1:
-        from skiff.workers import use_multiprocess_metrics
+        from skiff_process.workers import use_multiprocess_metrics
 
         metrics_dir = use_multiprocess_metrics()
     from skiff_router.serving import serve
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         return serve(args)
     finally:
         if metrics_dir:
-            from skiff.workers import remove_metrics_dir
+            from skiff_process.workers import remove_metrics_dir
 
             remove_metrics_dir(metrics_dir)
 

@@ -1,13 +1,13 @@
 """The router's own Prometheus metrics (one registry per router, so tests can run several in a process).
 
 `skiff_router_inflight` + `skiff_router_held` per model is what the operator's `concurrency` metric reads.
-With --workers N every process keeps its own in multiprocess mode and /metrics sums them (skiff.workers).
+With --workers N every process keeps its own in multiprocess mode and /metrics sums them (skiff_process.workers).
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from skiff.workers import multiprocess_metrics_dir, render_metrics
+from skiff_process.workers import multiprocess_metrics_dir, render_metrics
 
 
 class RouterMetrics:

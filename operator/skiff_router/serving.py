@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
-from skiff.workers import Ready, Siblings, SignalledServer, listen_socket
+from skiff_process.workers import Ready, Siblings, SignalledServer, listen_socket
 
 from skiff_router.app import RouterConfig, create_app, create_metrics_app
 from skiff_router.discovery import Source, StaticSource
@@ -129,7 +129,7 @@ async def _serve_first(args: argparse.Namespace) -> int:
 
 def run_worker(index: int, ready: Ready, args: argparse.Namespace, port: int) -> None:
     """A sibling router process: the same app on its own socket of the first process's port."""
-    from skiff.server.child import setup_child
+    from skiff_process.child import setup_child
 
     setup_child(f"router-{index}", args.log_level)
     sock = listen_socket(args.host, port)

@@ -176,8 +176,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"skiff serve: {e}")
         return 2
     metrics_dir = None
-    if args.api_workers > 1:  # before prometheus_client is imported (skiff.workers says why)
-        from skiff.workers import use_multiprocess_metrics
+    if args.api_workers > 1:  # before prometheus_client is imported (skiff_process.workers says why)
+        from skiff_process.workers import use_multiprocess_metrics
 
         metrics_dir = use_multiprocess_metrics()
     from skiff.server.args import ServerArgs

@@ -11,11 +11,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import zmq
+from skiff_process.child import setup_child
 
 from skiff.outputs import StepOutput
 from skiff.server import protocol as P
 from skiff.server.args import ServerArgs
-from skiff.server.child import setup_child
 from skiff.server.incremental import IncrementalDecoder, StopMatcher
 from skiff.server.messages import (
     AbortRequest,

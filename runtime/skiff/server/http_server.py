@@ -16,13 +16,13 @@ from collections.abc import Callable
 import uvicorn
 from skiff_contract.tracing import Tracing
 from skiff_contract.tracing import configure as configure_tracing
+from skiff_process.workers import Ready, SignalledServer, listen_socket
 
 from skiff.server import protocol as P
 from skiff.server.api import create_app
 from skiff.server.args import ServerArgs
 from skiff.server.engine_client import EngineClient, PodInfo
 from skiff.server.metrics import ServerMetrics
-from skiff.workers import Ready, SignalledServer, listen_socket
 
 log = logging.getLogger("skiff.serve")
 MONITOR_INTERVAL = 0.25
@@ -67,7 +67,7 @@ def run_api_worker(
     index: int, ready: Ready, args: ServerArgs, endpoints: P.Endpoints, info: PodInfo, port: int
 ) -> None:
     """An extra API worker (--api-workers): its own inbox and HTTP socket on the first worker's port."""
-    from skiff.server.child import setup_child
+    from skiff_process.child import setup_child
 
     setup_child(f"api-{index}", args.log_level)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # until uvicorn takes the signals over

@@ -22,6 +22,7 @@ from typing import Any
 import uvicorn
 from skiff_contract.tracing import TracingUnavailable
 from skiff_contract.tracing import configure as configure_tracing
+from skiff_process.workers import Siblings, listen_socket, remove_metrics_dir
 
 from skiff.server import protocol as P
 from skiff.server.api import create_metrics_app
@@ -33,7 +34,6 @@ from skiff.server.messages import ChildFailed, Shutdown
 from skiff.server.metrics import ServerMetrics
 from skiff.server.scheduler_proc import run_scheduler
 from skiff.server.tokenizer_proc import run_tokenizer
-from skiff.workers import Siblings, listen_socket, remove_metrics_dir
 
 log = logging.getLogger("skiff.serve")
 

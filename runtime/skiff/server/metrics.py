@@ -1,7 +1,7 @@
 """Prometheus metrics, under the names Kubernetes routers and autoscalers already read (sglang:*),
 plus skiff:* page accounting that tests and dashboards use to spot KV leaks.
 
-With several API workers each keeps its own in prometheus-client's multiprocess mode (skiff.workers) and
+With several API workers each keeps its own in prometheus-client's multiprocess mode (skiff_process.workers) and
 /metrics sums them: counters and histograms add up, `inflight` is the sum over the live workers, and the
 engine's gauges (every worker gets the same heartbeat) take the most recent value."""
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from skiff_process.workers import multiprocess_metrics_dir, render_metrics
 
 from skiff.server.messages import SchedulerStats
-from skiff.workers import multiprocess_metrics_dir, render_metrics
 
 _LATENCY_BUCKETS = (
     0.005,

@@ -14,12 +14,12 @@ import traceback
 from typing import Any
 
 import zmq
+from skiff_process.child import setup_child
 
 from skiff.outputs import StepOutput
 from skiff.params import InvalidRequest
 from skiff.server import protocol as P
 from skiff.server.args import ServerArgs
-from skiff.server.child import setup_child
 from skiff.server.messages import (
     AbortRequest,
     ChildFailed,

@@ -9,10 +9,10 @@ import logging
 from typing import Any
 
 import zmq
+from skiff_process.child import setup_child
 
 from skiff.server import protocol as P
 from skiff.server.args import ServerArgs
-from skiff.server.child import setup_child
 from skiff.server.messages import (
     ChatPrompt,
     Prompt,
