@@ -142,14 +142,16 @@ def children_uids(api: Api, ns: str, name: str) -> dict:
     }
 
 
-def test_operator_restart_creates_no_duplicates(api: Api, namespace: str, kubelet) -> None:
+def test_operator_restart_creates_no_duplicates(
+    api: Api, namespace: str, kubelet, operator_kubeconfig
+) -> None:
     ns = namespace
-    with running_operator(ns):
+    with running_operator(ns, operator_kubeconfig):
         create_isvc(api, ns, "stable", {"resources": {"gpus": 0}})
         wait_for_api(ready_at(api, ns, "stable", 1), 60, "Ready before the restart")
     before = children_uids(api, ns, "stable")
     transition = condition(get_isvc(api, ns, "stable"), "Ready")["lastTransitionTime"]
-    with running_operator(ns):
+    with running_operator(ns, operator_kubeconfig):
         patch_isvc_spec(api, ns, "stable", {"service": {"annotations": {"team": "ml"}}})  # touches no pod
         wait_for_api(
             lambda: api.core.read_namespaced_service("stable", ns).metadata.annotations, 30, "annotation"

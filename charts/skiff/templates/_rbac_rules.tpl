@@ -1,55 +1,4 @@
-{{/* What the operator does in a watched namespace; shared by the Role and the ClusterRole. */}}
-{{- define "skiff.operatorRules" -}}
-- apiGroups: [skiff.dev]
-  resources: [inferenceservices]
-  verbs: [get, list, watch, patch, update]
-- apiGroups: [skiff.dev]
-  resources: [inferenceservices/status, inferenceservices/scale]
-  verbs: [get, patch, update]
-# Owner references with blockOwnerDeletion need update on the owner's finalizers.
-- apiGroups: [skiff.dev]
-  resources: [inferenceservices/finalizers]
-  verbs: [update]
-- apiGroups: [apps]
-  resources: [deployments]
-  verbs: [get, list, watch, create, update, patch, delete]
-# autoscaling.mode=operator reads and sets replicas through the Deployment's /scale.
-- apiGroups: [apps]
-  resources: [deployments/scale]
-  verbs: [get, patch, update]
-- apiGroups: [""]
-  resources: [services]
-  verbs: [get, list, watch, create, update, patch, delete]
-- apiGroups: [policy]
-  resources: [poddisruptionbudgets]
-  verbs: [get, list, watch, create, update, patch, delete]
-- apiGroups: [autoscaling]
-  resources: [horizontalpodautoscalers]
-  verbs: [get, list, watch, create, update, patch, delete]
-- apiGroups: [keda.sh]
-  resources: [scaledobjects]
-  verbs: [get, list, watch, create, update, patch, delete]
-# Model caches: a claim per InferenceService that asks for one (owned, deleted with it).
-- apiGroups: [""]
-  resources: [persistentvolumeclaims]
-  verbs: [get, list, watch, create, update, patch, delete]
-- apiGroups: [""]
-  resources: [pods]
-  verbs: [get, list, watch]
-- apiGroups: [discovery.k8s.io]
-  resources: [endpointslices]
-  verbs: [get, list, watch]
-# API keys for InferenceServices are read from Secrets the user names; never written.
-- apiGroups: [""]
-  resources: [secrets]
-  verbs: [get, list, watch]
-- apiGroups: ["", events.k8s.io]
-  resources: [events]
-  verbs: [create, patch]
-- apiGroups: [kopf.dev]
-  resources: [kopfpeerings]
-  verbs: [get, list, watch, patch]
-{{- end }}
+{{/* The operator's rules are generated from operator/skiff_operator/rbac.py: _rbac_operator.tpl. */}}
 
 {{/* What the router reads to route by model. */}}
 {{- define "skiff.routerRules" -}}
@@ -65,15 +14,5 @@
   verbs: [get, list, watch]
 - apiGroups: [discovery.k8s.io]
   resources: [endpointslices]
-  verbs: [get, list, watch]
-{{- end }}
-
-{{/* Cluster-scoped reads kopf makes to notice namespaces and CRDs appearing. */}}
-{{- define "skiff.kopfClusterReads" -}}
-- apiGroups: [""]
-  resources: [namespaces]
-  verbs: [get, list, watch]
-- apiGroups: [apiextensions.k8s.io]
-  resources: [customresourcedefinitions]
   verbs: [get, list, watch]
 {{- end }}
