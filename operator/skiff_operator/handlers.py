@@ -9,8 +9,11 @@ import; `sync_status(ns, name)` and `reconcile(ns, name)` are safe to call from 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import logging
+import os
+import socket
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,8 +24,7 @@ from skiff_contract import GROUP
 
 from . import render
 from .autoscaling import handlers as autoscaling_handlers
-from .metadata import LABEL_HASH, LABEL_ISVC
-from .render import OperatorSettings
+from .metadata import FIELD_MANAGER, LABEL_HASH, LABEL_ISVC
 from .spec import parse_spec
 from .state import ISVC, STATE
 from .status import Observed, compute_status, status_changed
@@ -97,13 +99,17 @@ def reconcile(namespace: str, name: str, retry: int = 0) -> None:
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     cluster = STATE.api()
     if not cluster.serves("policy/v1", "PodDisruptionBudget"):  # Kubernetes < 1.21
-        STATE.settings = OperatorSettings(**{**STATE.settings.__dict__, "pdb_api_version": "policy/v1beta1"})
+        STATE.settings = dataclasses.replace(STATE.settings, pdb_api_version="policy/v1beta1")
+    if not cluster.serves("autoscaling/v2", "HorizontalPodAutoscaler"):  # Kubernetes < 1.23
+        STATE.settings = dataclasses.replace(STATE.settings, hpa_api_version="autoscaling/v2beta2")
     # Handler progress in annotations, never in status: status is the public API (conditions).
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration"
     )
     settings.posting.level = logging.WARNING  # our own events describe transitions; kopf posts failures
+    settings.posting.reporting_component = FIELD_MANAGER  # "From" in kubectl describe: the operator's name
+    settings.posting.reporting_instance = os.environ.get("POD_ID") or socket.gethostname()
     settings.execution.max_workers = 8
 
 

@@ -21,6 +21,7 @@ class OperatorSettings:
     default_image: str = "ghcr.io/skiff-project/skiff:0.1.0"
     cluster_domain: str = "cluster.local"
     pdb_api_version: str = "policy/v1"  # policy/v1beta1 on clusters older than 1.21
+    hpa_api_version: str = "autoscaling/v2"  # autoscaling/v2beta2 on clusters older than 1.23
 
 
 def service_url(isvc: dict[str, Any], settings: OperatorSettings, spec: InferenceServiceSpec) -> str:
@@ -291,5 +292,5 @@ def desired_children(isvc: dict[str, Any], settings: OperatorSettings | None = N
     spec = parse_spec(isvc.get("spec"))
     children = [cache_claim(isvc, spec), deployment(isvc, spec, settings), *services(isvc, spec)]
     children.append(disruption_budget(isvc, spec, settings))
-    children += autoscaler_objects(isvc)
+    children += autoscaler_objects(isvc, settings.hpa_api_version)
     return [c for c in children if c is not None]

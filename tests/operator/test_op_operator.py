@@ -214,3 +214,21 @@ def test_autoscaler_owns_replicas_and_deleted_children_return(
 
     api.core.delete_namespaced_service("elastic", ns, _preload_content=False)  # 1.20 answers a Status
     wait_for_api(lambda: api.core.read_namespaced_service("elastic", ns), 30, "the Service recreated")
+
+
+def test_autoscaled_service_deletes_without_the_operator(
+    api: Api, namespace: str, kubelet, operator_kubeconfig
+) -> None:
+    """The autoscaler's loop carries no finalizer: `kubectl delete` after the operator is gone completes."""
+    ns = namespace
+    spec = {"resources": {"gpus": 0}, "autoscaling": {"mode": "operator", "minReplicas": 1, "maxReplicas": 2}}
+    with running_operator(ns, operator_kubeconfig):
+        create_isvc(api, ns, "orphaned", spec)
+        wait_for_api(ready_at(api, ns, "orphaned", 1), 60, "Ready with its autoscaler running")
+        assert not get_isvc(api, ns, "orphaned")["metadata"].get("finalizers")
+    api.custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "orphaned")
+    wait_for_api(
+        lambda: not api.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"],
+        30,
+        "the InferenceService deleted with no operator running",
+    )

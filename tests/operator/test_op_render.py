@@ -229,8 +229,8 @@ def test_operator_settings_and_pdb_fallback() -> None:
 def test_autoscaler_objects_are_appended(monkeypatch) -> None:
     seen = []
 
-    def autoscaler_objects(body: dict) -> list[dict]:
-        seen.append(body["metadata"]["name"])
+    def autoscaler_objects(body: dict, hpa_api_version: str) -> list[dict]:
+        seen.append((body["metadata"]["name"], hpa_api_version))
         return [
             {
                 "apiVersion": "autoscaling/v2",
@@ -241,7 +241,7 @@ def test_autoscaler_objects_are_appended(monkeypatch) -> None:
 
     monkeypatch.setattr("skiff_operator.render.autoscaler_objects", autoscaler_objects)
     children = render({"autoscaling": {"mode": "hpa", "minReplicas": 1}})
-    assert seen == ["demo"] and children[-1]["kind"] == "HorizontalPodAutoscaler"
+    assert seen == [("demo", "autoscaling/v2")] and children[-1]["kind"] == "HorizontalPodAutoscaler"
 
 
 def test_golden_qwen3_8b() -> None:
