@@ -300,7 +300,7 @@ class InferenceServiceSpec(Base):
 class Condition(Base):
     """A metav1.Condition."""
 
-    type: str = Field(description="Ready, ModelReady, WorkloadReady, Progressing or Degraded.")
+    type: str = Field(description="Ready, Available, ModelReady, Progressing or Degraded.")
     status: Literal["True", "False", "Unknown"] = Field(description="Condition status.")
     reason: str = Field(description="CamelCase machine-readable reason.")
     message: str = Field(default="", description="Human-readable detail.")
@@ -326,10 +326,11 @@ class InferenceServiceStatus(Base):
 
     conditions: list[Condition] = Field(
         default_factory=list,
-        description="Ready, ModelReady, WorkloadReady, Progressing, Degraded.",
+        description="Ready, Available, ModelReady, Progressing, Degraded.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     observed_generation: int | None = Field(default=None, description="Generation the status describes.")
+    desired_replicas: int | None = Field(default=None, description="Replicas wanted now.")
     replicas: int | None = Field(default=None, description="Pods that exist (scale subresource).")
     ready_replicas: int | None = Field(default=None, description="Pods passing the readiness probe.")
     updated_replicas: int | None = Field(default=None, description="Pods of the current template.")

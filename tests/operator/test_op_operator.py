@@ -29,6 +29,15 @@ def ready_at(api: Api, ns: str, name: str, generation: int, status: str = "True"
     return check
 
 
+def available_at(api: Api, ns: str, name: str, generation: int):
+    def check():
+        obj = get_isvc(api, ns, name)
+        c = condition(obj, "Available")
+        return obj if c.get("status") == "True" and c.get("observedGeneration") == generation else None
+
+    return check
+
+
 def pods(api: Api, ns: str, name: str) -> list:
     return [
         p
@@ -69,16 +78,19 @@ def test_lifecycle_create_ready_update_scale_delete(api: Api, namespace: str, op
     events = api.core.list_namespaced_event(ns, field_selector="involvedObject.name=chat").items
     assert any(e.reason == "Ready" for e in events)
 
-    # A spec change rolls: the new generation is not Ready until its own pod is, although the old one serves.
+    # A spec change rolls: the old pod keeps serving (Ready), the new template is not Available until its
+    # own pod is ready, and Progressing says so.
     first_hash = dep.metadata.annotations[LABEL_HASH]
     kubelet.hold = True
     patch_isvc_spec(api, ns, "chat", {"runtime": {"dtype": "bfloat16"}})
-    obj = wait_for_api(ready_at(api, ns, "chat", 2, "False"), 30, "Ready=False at generation 2")
     wait_for_api(lambda: len(pods(api, ns, "chat")) == 2, 30, "a surge pod next to the serving one")
-    obj = get_isvc(api, ns, "chat")
+    obj = wait_for_api(
+        lambda: (o := get_isvc(api, ns, "chat"))["status"].get("observedGeneration") == 2 and o, 30, "gen 2"
+    )
+    assert condition(obj, "Ready")["status"] == "True" and condition(obj, "Available")["status"] == "False"
     assert condition(obj, "Progressing")["status"] == "True" and obj["status"]["phase"] == "Updating"
     kubelet.hold = False
-    wait_for_api(ready_at(api, ns, "chat", 2), 60, "Ready=True at generation 2")
+    wait_for_api(available_at(api, ns, "chat", 2), 60, "Available=True at generation 2")
     wait_for_api(lambda: len(pods(api, ns, "chat")) == 1, 30, "the old pod removed")
     new_hash = api.apps.read_namespaced_deployment("chat", ns).metadata.annotations[LABEL_HASH]
     assert new_hash != first_hash
@@ -93,9 +105,19 @@ def test_lifecycle_create_ready_update_scale_delete(api: Api, namespace: str, op
     wait_for_api(
         lambda: get_isvc(api, ns, "chat")["status"].get("readyReplicas") == 2, 60, "2 ready replicas"
     )
-    obj = wait_for_api(ready_at(api, ns, "chat", 3), 30, "Ready at generation 3")
-    scale = api.custom.get_namespaced_custom_object_scale(GROUP, VERSION, ns, PLURAL, "chat")
-    assert scale["status"]["replicas"] == 2 and scale["status"]["selector"] == obj["status"]["selector"]
+    obj = wait_for_api(available_at(api, ns, "chat", 3), 30, "Available at generation 3")
+    scale = wait_for_api(
+        lambda: (
+            (s := api.custom.get_namespaced_custom_object_scale(GROUP, VERSION, ns, PLURAL, "chat"))[
+                "status"
+            ]["replicas"]
+            == 2
+            and s
+        ),
+        30,
+        "the scale subresource at 2",
+    )
+    assert scale["status"]["selector"] == obj["status"]["selector"]
     assert len([rs for rs in replica_sets(api, ns, "chat") if rs.spec.replicas]) == 1
 
     # Deletion is garbage collection: every child goes with its owner, no finalizer holds it.
@@ -209,7 +231,7 @@ def test_autoscaler_owns_replicas_and_deleted_children_return(
         lambda: get_isvc(api, ns, "elastic")["status"].get("readyReplicas") == 2, 60, "2 ready replicas"
     )
     patch_isvc_spec(api, ns, "elastic", {"runtime": {"dtype": "float32"}})  # a reconcile that rolls the pods
-    wait_for_api(ready_at(api, ns, "elastic", 2), 90, "Ready at generation 2")
+    wait_for_api(available_at(api, ns, "elastic", 2), 90, "Available at generation 2")
     assert api.apps.read_namespaced_deployment("elastic", ns).spec.replicas == 2  # not reset by our apply
 
     api.core.delete_namespaced_service("elastic", ns, _preload_content=False)  # 1.20 answers a Status
@@ -232,3 +254,17 @@ def test_autoscaled_service_deletes_without_the_operator(
         30,
         "the InferenceService deleted with no operator running",
     )
+
+
+def test_a_deployment_that_cannot_create_pods_degrades(api: Api, namespace: str, operator) -> None:
+    """A missing PriorityClass: the Deployment's ReplicaFailure reaches Degraded with its message."""
+    ns = namespace
+    create_isvc(api, ns, "urgent", {"resources": {"gpus": 0}, "scheduling": {"priorityClassName": "nope"}})
+
+    def degraded():
+        c = condition(get_isvc(api, ns, "urgent"), "Degraded")
+        return c if c.get("status") == "True" else None
+
+    c = wait_for_api(degraded, 60, "Degraded=True for the missing PriorityClass")
+    assert c["reason"] == "ReplicaFailure" and "no PriorityClass with name nope" in c["message"]
+    assert get_isvc(api, ns, "urgent")["status"]["phase"] == "Degraded"
