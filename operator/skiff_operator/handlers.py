@@ -59,7 +59,12 @@ def sync_status(namespace: str, name: str) -> dict[str, Any] | None:
         dep, pods = cluster.observe(namespace, name)
         new, events = compute_status(isvc, Observed(dep, pods, desired_hash, error), _now(), STATE.settings)
         if status_changed(isvc.get("status"), new):
-            cluster.write_status(namespace, name, new)
+            try:
+                cluster.write_status(namespace, name, new)
+            except ApiException as e:
+                if e.status == 404:
+                    return None  # deleted meanwhile: its children's last events are no failure
+                raise
         for ev in events:
             kopf.event(isvc, type=ev.type, reason=ev.reason, message=ev.message[:1000])
         return new

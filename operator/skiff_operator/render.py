@@ -278,12 +278,10 @@ def cache_claim(isvc: dict[str, Any], spec: InferenceServiceSpec) -> dict[str, A
     }
     if cache.storage_class:
         claim["storageClassName"] = cache.storage_class
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": child_metadata(isvc, f"{isvc['metadata']['name']}-model-cache"),
-        "spec": claim,
-    }
+    metadata = child_metadata(isvc, f"{isvc['metadata']['name']}-model-cache")
+    if cache.when_deleted == "Retain":  # no owner: garbage collection leaves it (applying drops our old one)
+        del metadata["ownerReferences"]
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": metadata, "spec": claim}
 
 
 def desired_children(isvc: dict[str, Any], settings: OperatorSettings | None = None) -> list[dict[str, Any]]:

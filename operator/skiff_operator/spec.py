@@ -236,8 +236,9 @@ class ServiceSpec(Base):
 
 
 class ModelCacheSpec(Base):
-    """Where hf:// downloads go: an existing PVC, or a new one the operator creates (owned, so it is
-    deleted with the InferenceService). Without modelCache an emptyDir is used (downloaded per pod)."""
+    """Where hf:// downloads go: an existing PVC, or a new one the operator creates (kept when the
+    InferenceService is deleted unless whenDeleted is Delete). Without modelCache an emptyDir is used
+    (downloaded per pod)."""
 
     pvc: str | None = Field(default=None, description="Existing PersistentVolumeClaim.")
     storage_class: str | None = Field(default=None, description="StorageClass of a new claim.")
@@ -245,6 +246,12 @@ class ModelCacheSpec(Base):
     access_mode: Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"] = Field(
         default="ReadWriteOnce",
         description="Access mode of a new claim (ReadWriteMany for replicas on many nodes).",
+    )
+    when_deleted: Literal["Retain", "Delete"] = Field(
+        default="Retain",
+        description="What happens to a new claim when the InferenceService is deleted (as StatefulSet's"
+        " persistentVolumeClaimRetentionPolicy): Retain keeps it (a re-create reuses the download), Delete"
+        " removes it with the service.",
     )
 
     model_config = ConfigDict(

@@ -4,6 +4,8 @@ as local processes and marks pods ready."""
 
 from __future__ import annotations
 
+import time
+
 import kubernetes
 import pytest
 from op_helpers import running_operator
@@ -268,3 +270,29 @@ def test_a_deployment_that_cannot_create_pods_degrades(api: Api, namespace: str,
     c = wait_for_api(degraded, 60, "Degraded=True for the missing PriorityClass")
     assert c["reason"] == "ReplicaFailure" and "no PriorityClass with name nope" in c["message"]
     assert get_isvc(api, ns, "urgent")["status"]["phase"] == "Degraded"
+
+
+@pytest.mark.parametrize("when_deleted", ["Retain", "Delete"])
+def test_model_cache_claim_retention(api: Api, namespace: str, operator, when_deleted: str) -> None:
+    """spec.modelCache.whenDeleted: Retain (the default) keeps the claim, and its download, when the service
+    is deleted; Delete hands it to garbage collection. (The test controller-manager runs no pvc-protection
+    controller, so a deleted claim keeps its kubernetes.io/pvc-protection finalizer: marked for deletion.)"""
+    ns = namespace
+    cache = {"size": "1Gi"} if when_deleted == "Retain" else {"size": "1Gi", "whenDeleted": "Delete"}
+    create_isvc(api, ns, "cached", {"model": {"source": "hf://org/smol"}, "modelCache": cache})
+    claim = wait_for_api(
+        lambda: api.core.read_namespaced_persistent_volume_claim("cached-model-cache", ns), 30, "the claim"
+    )
+    assert bool(claim.metadata.owner_references) == (when_deleted == "Delete")
+    api.custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "cached")
+    wait_for_api(lambda: not api.apps.list_namespaced_deployment(ns).items, 60, "the Deployment collected")
+
+    def claim_state() -> str:
+        c = api.core.read_namespaced_persistent_volume_claim("cached-model-cache", ns)
+        return "deleting" if c.metadata.deletion_timestamp else "kept"
+
+    if when_deleted == "Delete":
+        assert wait_for_api(lambda: claim_state() == "deleting", 60, "the claim deleted") is True
+    else:
+        time.sleep(3)  # garbage collection removed the Deployment; it had a few seconds for the claim too
+        assert claim_state() == "kept"

@@ -74,6 +74,9 @@ def test_children_properties(case: str) -> None:
     kinds = by_kind(children)
     assert len(kinds["Deployment"]) == 1 and len(kinds["Service"]) == 2
     for child in children:
+        if child["kind"] == "PersistentVolumeClaim":  # a model cache is kept by default (whenDeleted: Retain)
+            assert "ownerReferences" not in child["metadata"]
+            continue
         owner = child["metadata"]["ownerReferences"]
         assert owner == [
             {
@@ -136,6 +139,12 @@ def test_model_sources_map_to_volumes_and_download_steps() -> None:
     )
     claim = by_kind(cached)["PersistentVolumeClaim"][0]
     assert claim["metadata"]["name"] == "demo-model-cache"
+    assert "ownerReferences" not in claim["metadata"]  # Retain (the default): garbage collection keeps it
+    deleted_with = render(
+        {"model": {"source": "hf://a/b"}, "modelCache": {"size": "1Gi", "whenDeleted": "Delete"}}
+    )
+    owners = by_kind(deleted_with)["PersistentVolumeClaim"][0]["metadata"]["ownerReferences"]
+    assert [o["kind"] for o in owners] == ["InferenceService"] and owners[0]["controller"]
     assert claim["spec"] == {
         "accessModes": ["ReadWriteOnce"],
         "resources": {"requests": {"storage": "40Gi"}},
