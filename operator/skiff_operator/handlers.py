@@ -9,21 +9,25 @@ import; `sync_status(ns, name)` and `reconcile(ns, name)` are safe to call from 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import datetime
 import logging
 import os
 import socket
+import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
 import kopf
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
-from skiff_contract import GROUP
+from skiff_contract import GROUP, ROTATE_KEY_ANNOTATION, internal_key_secret_name
 
-from . import render
+from . import access, render
 from .autoscaling import handlers as autoscaling_handlers
+from .kube import owned_by
 from .metadata import FIELD_MANAGER, LABEL_HASH, LABEL_ISVC
 from .spec import parse_spec
 from .state import ISVC, STATE
@@ -70,6 +74,37 @@ def sync_status(namespace: str, name: str) -> dict[str, Any] | None:
         return new
 
 
+class RotationDeferred(kopf.TemporaryError):
+    """A rotation asked for too soon after the last one; everything else was reconciled."""
+
+
+def sync_internal_key(cluster: Any, isvc: dict[str, Any]) -> float:
+    """Create, keep or rotate the InferenceService's internal-key Secret (or remove it when the spec names
+    its own key); returns the seconds a requested rotation must still wait (0: none)."""
+    meta = isvc["metadata"]
+    namespace, uid = meta["namespace"], meta["uid"]
+    secret_name = internal_key_secret_name(meta["name"])
+    settings = STATE.settings
+    if not access.wants_internal_key(parse_spec(isvc.get("spec")), settings.internal_api_keys):
+        if cluster.delete_owned("v1", "Secret", namespace, secret_name, uid):
+            log.info("%s/%s: removed Secret/%s", namespace, meta["name"], secret_name)
+        return 0.0
+    existing = cluster.read("v1", "Secret", namespace, secret_name)
+    if existing is not None and not owned_by(existing, uid):
+        raise LookupError(
+            f"Secret {secret_name} exists and is not this InferenceService's: rename or delete it"
+        )
+    current = access.read_internal_key(existing)
+    key, wait = access.next_internal_key(
+        current, access.requested_rotation(isvc), time.time(), settings.key_rotation_min_seconds
+    )
+    if current is not None and key != current:
+        kopf.event(isvc, type="Normal", reason="KeyRotated", message=f"Secret {secret_name}: a new key")
+    cluster.apply(access.internal_key_secret(isvc, key))
+    STATE.rotations[(namespace, meta["name"])] = key.rotation
+    return wait
+
+
 def reconcile(namespace: str, name: str, retry: int = 0) -> None:
     """Bring the children of one InferenceService to the desired state, then write its status."""
     cluster = STATE.api()
@@ -84,6 +119,7 @@ def reconcile(namespace: str, name: str, retry: int = 0) -> None:
         raise kopf.PermanentError(STATE.errors[key])  # retried when the spec changes
     children = render.desired_children(isvc, STATE.settings)
     try:
+        wait = sync_internal_key(cluster, isvc)  # before the Deployment: its pods mount the Secret
         for child in children:
             cluster.apply(child)
         keep = {(c["kind"], c["metadata"]["name"]) for c in children}
@@ -98,6 +134,8 @@ def reconcile(namespace: str, name: str, retry: int = 0) -> None:
     if removed:
         log.info("%s/%s: removed %s", namespace, name, ", ".join(removed))
     sync_status(namespace, name)
+    if wait > 0:  # retried then; the previous key must reach every pod before it can be dropped
+        raise RotationDeferred(f"internal key rotation waits {wait:.0f} s after the last one", delay=wait)
 
 
 @kopf.on.startup()
@@ -123,6 +161,34 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 @kopf.on.resume(*ISVC)
 def on_isvc(namespace: str, name: str, retry: int, **_: Any) -> None:
     reconcile(namespace, name, retry)
+
+
+@kopf.on.event(*ISVC, annotations={ROTATE_KEY_ANNOTATION: kopf.PRESENT})
+def on_rotation_request(body: Mapping[str, Any], namespace: str, name: str, **_: Any) -> None:
+    """kopf leaves annotations under its storage prefix (skiff.dev/) out of update diffs, so a rotation
+    request is noticed here, on any event of the object, and handled once per new value."""
+    if body.get("metadata", {}).get("deletionTimestamp"):
+        return
+    if STATE.rotations.get((namespace, name)) == access.requested_rotation(dict(body)):
+        return
+    _reconcile_rotation(namespace, name)
+
+
+def _reconcile_rotation(namespace: str, name: str) -> None:
+    """reconcile(); a deferred rotation is retried by a timer (event handlers are not retried by kopf)."""
+    STATE.rotation_timers.pop((namespace, name), None)
+    try:
+        reconcile(namespace, name)
+    except RotationDeferred as e:
+        if (namespace, name) not in STATE.rotation_timers:
+            # in a copy of this handler's context: kopf.event() and the status sync read kopf's context vars
+            run = contextvars.copy_context().run
+            timer = threading.Timer(e.delay or 1.0, run, (_reconcile_rotation, namespace, name))
+            timer.daemon = True
+            STATE.rotation_timers[(namespace, name)] = timer
+            timer.start()
+    except (kopf.PermanentError, kopf.TemporaryError, ApiException) as e:
+        log.warning("%s/%s: key rotation: %s", namespace, name, e)
 
 
 def _owner(labels: Mapping[str, str]) -> str | None:

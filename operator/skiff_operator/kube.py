@@ -29,6 +29,7 @@ PRUNABLE: list[tuple[str, str]] = [
     ("autoscaling/v2", "HorizontalPodAutoscaler"),
     ("autoscaling/v2beta2", "HorizontalPodAutoscaler"),
     ("keda.sh/v1alpha1", "ScaledObject"),
+    ("networking.k8s.io/v1", "NetworkPolicy"),
 ]
 REQUEST_TIMEOUT = 30.0
 RETRY_MISSING_SECONDS = 30.0  # a group-version not served (KEDA not installed yet) is asked again after this
@@ -112,6 +113,11 @@ class Discovery:
             return seen[1].get(kind)
 
 
+def owned_by(obj: dict[str, Any], owner_uid: str) -> bool:
+    owners = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return any(o.get("uid") == owner_uid and o.get("controller") for o in owners)
+
+
 @dataclass
 class Cluster:
     """One API connection with discovery cached."""
@@ -157,9 +163,7 @@ class Cluster:
             )
             for item in listing.get("items", []):
                 meta = item["metadata"]
-                owners = meta.get("ownerReferences") or []
-                ours = any(o.get("uid") == owner_uid and o.get("controller") for o in owners)
-                if ours and (kind, meta["name"]) not in keep:
+                if owned_by(item, owner_uid) and (kind, meta["name"]) not in keep:
                     try:
                         self._call(res.path(namespace, meta["name"]), "DELETE")
                         removed.append(f"{kind}/{meta['name']}")
@@ -167,6 +171,32 @@ class Cluster:
                         if e.status != 404:
                             raise
         return removed
+
+    def read(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """One object by name (a get, never a list: the operator may not list Secrets), or None."""
+        res = self.resource(api_version, kind)
+        if res is None:
+            raise LookupError(f"the cluster does not serve {kind} ({api_version})")
+        try:
+            return self._call(res.path(namespace, name), "GET")
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def delete_owned(self, api_version: str, kind: str, namespace: str, name: str, owner_uid: str) -> bool:
+        """Delete the object `name` if its controller is `owner_uid`; True if it was deleted."""
+        obj = self.read(api_version, kind, namespace, name)
+        if obj is None or not owned_by(obj, owner_uid):
+            return False
+        res = self.resource(api_version, kind)
+        assert res is not None  # read() found the kind served
+        try:
+            self._call(res.path(namespace, name), "DELETE")
+        except ApiException as e:
+            if e.status != 404:
+                raise
+        return True
 
     def get_isvc(self, namespace: str, name: str) -> dict[str, Any] | None:
         api = kubernetes.client.CustomObjectsApi(self.api)

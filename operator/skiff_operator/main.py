@@ -10,6 +10,7 @@ import sys
 import kopf
 
 from . import handlers
+from .access import NetworkPolicySettings
 from .render import OperatorSettings
 
 
@@ -42,6 +43,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="runtime image for InferenceServices that set no runtime.image",
     )
     parser.add_argument("--cluster-domain", default=OperatorSettings.cluster_domain)
+    parser.add_argument(
+        "--internal-api-keys",
+        action="store_true",
+        help="the router fronts the services: pods of InferenceServices without apiKeySecretRef require an "
+        "internal key the operator keeps in the Secret <name>-internal-key",
+    )
+    parser.add_argument(
+        "--key-rotation-min-seconds",
+        type=float,
+        default=OperatorSettings.key_rotation_min_seconds,
+        help="a requested internal-key rotation waits this long after the previous one",
+    )
+    parser.add_argument(
+        "--network-policy",
+        metavar="JSON",
+        default=None,
+        help='a NetworkPolicy per InferenceService: {"apiFrom": [peers], "metricsFrom": [peers]} '
+        "(NetworkPolicyPeers admitted to the pods' API and metrics ports)",
+    )
     return parser
 
 
@@ -55,10 +75,20 @@ def configure_logging(level: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        policy = NetworkPolicySettings.parse(args.network_policy) if args.network_policy else None
+    except ValueError as e:
+        parser.error(str(e))
     configure_logging(args.log_level)
     handlers.STATE.settings = dataclasses.replace(
-        handlers.STATE.settings, default_image=args.default_image, cluster_domain=args.cluster_domain
+        handlers.STATE.settings,
+        default_image=args.default_image,
+        cluster_domain=args.cluster_domain,
+        internal_api_keys=args.internal_api_keys,
+        key_rotation_min_seconds=args.key_rotation_min_seconds,
+        network_policy=policy,
     )
     kopf.run(
         clusterwide=not args.namespace,

@@ -73,6 +73,8 @@ OPERATOR_PERMISSIONS: tuple[Permission, ...] = (
     _p("policy", "poddisruptionbudgets", ("list", *APPLY, "delete"), "spec.disruptionBudget; pruned"),
     _p("autoscaling", "horizontalpodautoscalers", ("list", *APPLY, "delete"), "mode: hpa; users' HPAs"),
     _p("keda.sh", "scaledobjects", ("list", *APPLY, "delete"), "mode: keda; users' ScaledObjects"),
+    _p("", "secrets", ("get", *APPLY, "delete"), "internal API keys, by name; never listed"),
+    _p("networking.k8s.io", "networkpolicies", ("list", *APPLY, "delete"), "--network-policy; pruned"),
     _p("", "events", ("create",), "Events on InferenceServices"),
     _p("kopf.dev", "kopfpeerings", ("get", "list", "watch", "patch"), "kopf peering (one active replica)"),
     _p("", "namespaces", ("get", "list", "watch"), "kopf matches namespace patterns", "cluster"),

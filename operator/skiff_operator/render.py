@@ -8,12 +8,16 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from skiff_contract import API_PORT_NAME, METRICS_PORT_NAME
+
+from .access import KEY_FILE, KeyMount, NetworkPolicySettings, key_mount, network_policy
 from .autoscaling.render import autoscaler_objects
 from .metadata import LABEL_HASH, child_metadata, common_labels, selector_labels, served_name
 from .model_source import ModelVolume, model_volume
 from .spec import InferenceServiceSpec, parse_spec
 
 PORT = 8000
+METRICS_PORT = 9090
 
 
 @dataclass(frozen=True)
@@ -22,6 +26,10 @@ class OperatorSettings:
     cluster_domain: str = "cluster.local"
     pdb_api_version: str = "policy/v1"  # policy/v1beta1 on clusters older than 1.21
     hpa_api_version: str = "autoscaling/v2"  # autoscaling/v2beta2 on clusters older than 1.23
+    # The router fronts the services: pods without spec.apiKeySecretRef require an internal key (access.py).
+    internal_api_keys: bool = False
+    key_rotation_min_seconds: float = 300.0
+    network_policy: NetworkPolicySettings | None = None  # a NetworkPolicy per InferenceService when set
 
 
 def service_url(isvc: dict[str, Any], settings: OperatorSettings, spec: InferenceServiceSpec) -> str:
@@ -34,14 +42,19 @@ def gpu_count(spec: InferenceServiceSpec) -> int:
     return spec.runtime.tensor_parallel if spec.resources.gpus is None else spec.resources.gpus
 
 
-def serve_command(isvc: dict[str, Any], spec: InferenceServiceSpec, model_path: str | None) -> list[str]:
+def serve_command(
+    isvc: dict[str, Any], spec: InferenceServiceSpec, model_path: str | None, keyed: bool = False
+) -> list[str]:
     """`skiff serve ...` exactly as the pod runs it (the runtime's CLI contract)."""
     rt = spec.runtime
     cmd = ["skiff", "serve"]
     if model_path:
         cmd += ["--model", model_path]
     cmd += ["--served-model-name", served_name(isvc, spec), "--tp", str(rt.tensor_parallel)]
-    cmd += ["--host", "0.0.0.0", "--port", str(PORT), "--dtype", rt.dtype]
+    cmd += ["--host", "0.0.0.0", "--port", str(PORT), "--metrics-port", str(METRICS_PORT)]
+    if keyed:
+        cmd += ["--api-key-file", KEY_FILE]
+    cmd += ["--dtype", rt.dtype]
     optional: list[tuple[str, object]] = [
         ("--max-running-requests", rt.max_running_requests),
         ("--chunked-prefill-size", rt.chunked_prefill_size),
@@ -95,21 +108,20 @@ def _resources(spec: InferenceServiceSpec) -> dict[str, Any]:
     return {k: v for k, v in (("requests", requests), ("limits", limits)) if v}
 
 
-def _server_container(isvc: dict[str, Any], spec: InferenceServiceSpec, image: str, mv: ModelVolume) -> dict:
-    env = copy.deepcopy(BASE_ENV)
-    if spec.api_key_secret_ref:
-        ref = spec.api_key_secret_ref
-        env.append(
-            {"name": "SKIFF_API_KEY", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
-        )
-    env += [dict(e) for e in spec.runtime.env]
+def _server_container(
+    isvc: dict[str, Any], spec: InferenceServiceSpec, image: str, mv: ModelVolume, key: KeyMount | None
+) -> dict:
+    env = copy.deepcopy(BASE_ENV) + [dict(e) for e in spec.runtime.env]
     startup_failures = max(1, spec.runtime.startup_timeout_seconds // 10)
     return {
         "name": "server",
         "image": image,
-        "command": serve_command(isvc, spec, mv.model_path),
+        "command": serve_command(isvc, spec, mv.model_path, keyed=key is not None),
         "env": env,
-        "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
+        "ports": [
+            {"name": API_PORT_NAME, "containerPort": PORT, "protocol": "TCP"},
+            {"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT, "protocol": "TCP"},
+        ],
         "startupProbe": _probe("/health_generate", 10, 30, startup_failures),
         "readinessProbe": _probe("/health_generate", 10, 30, 3),
         "livenessProbe": _probe("/health", 15, 10, 4),
@@ -121,6 +133,7 @@ def _server_container(isvc: dict[str, Any], spec: InferenceServiceSpec, image: s
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "tmp", "mountPath": "/tmp"},
             *mv.mounts,
+            *([key.mount()] if key else []),
         ],
     }
 
@@ -151,6 +164,7 @@ def pod_template(
     name = isvc["metadata"]["name"]
     image = spec.runtime.image or settings.default_image
     mv = model_volume(name, spec)
+    key = key_mount(isvc, spec, settings.internal_api_keys)
     sched = spec.scheduling
     tolerations = [dict(t) for t in sched.tolerations]
     if gpu_count(spec) and not tolerations:
@@ -169,11 +183,12 @@ def pod_template(
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "initContainers": _init_containers(spec, image, mv),
-        "containers": [_server_container(isvc, spec, image, mv)],
+        "containers": [_server_container(isvc, spec, image, mv, key)],
         "volumes": [
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": str(spec.resources.shm_size)}},
             {"name": "tmp", "emptyDir": {}},
             *mv.volumes,
+            *([key.volume()] if key else []),
         ],
     }
     if not pod["initContainers"]:
@@ -225,6 +240,7 @@ def deployment(
 
 def services(isvc: dict[str, Any], spec: InferenceServiceSpec) -> list[dict[str, Any]]:
     name = isvc["metadata"]["name"]
+    api = {"name": API_PORT_NAME, "targetPort": API_PORT_NAME, "protocol": "TCP"}
     main = {
         "apiVersion": "v1",
         "kind": "Service",
@@ -232,17 +248,20 @@ def services(isvc: dict[str, Any], spec: InferenceServiceSpec) -> list[dict[str,
         "spec": {
             "type": spec.service.type,
             "selector": selector_labels(name),
-            "ports": [{"name": "http", "port": spec.service.port, "targetPort": "http", "protocol": "TCP"}],
+            "ports": [{**api, "port": spec.service.port}],
         },
     }
-    headless = {  # endpoint discovery for the router: one DNS record per ready pod
+    # Endpoint discovery for the router (one DNS record per ready pod) and the pods' metrics port: only
+    # here, so a ServiceMonitor scrapes each pod once and a LoadBalancer Service never exposes /metrics.
+    metrics = {"name": METRICS_PORT_NAME, "port": METRICS_PORT, "targetPort": METRICS_PORT_NAME}
+    headless = {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": child_metadata(isvc, f"{name}-pods"),
         "spec": {
             "clusterIP": "None",
             "selector": selector_labels(name),
-            "ports": [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}],
+            "ports": [{**api, "port": PORT}, {**metrics, "protocol": "TCP"}],
         },
     }
     return [main, headless]
@@ -290,5 +309,7 @@ def desired_children(isvc: dict[str, Any], settings: OperatorSettings | None = N
     spec = parse_spec(isvc.get("spec"))
     children = [cache_claim(isvc, spec), deployment(isvc, spec, settings), *services(isvc, spec)]
     children.append(disruption_budget(isvc, spec, settings))
+    if settings.network_policy is not None:
+        children.append(network_policy(isvc, settings.network_policy))
     children += autoscaler_objects(isvc, settings.hpa_api_version)
     return [c for c in children if c is not None]

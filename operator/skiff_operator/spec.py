@@ -28,7 +28,7 @@ OpaqueObject = Annotated[
 ]
 
 MODEL_SOURCE_PATTERN = r"^(hf://[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[A-Za-z0-9._/-]+)?|pvc://[a-z0-9]([a-z0-9.-]*[a-z0-9])?(/[^\s]*)?|file:///[^\s]*)$"
-OWNED_FLAGS = "model|served-model-name|tp|host|port|api-key|dtype"
+OWNED_FLAGS = "model|served-model-name|tp|host|port|metrics-port|api-key|api-key-file|dtype"
 
 
 def rules(*pairs: tuple[str, str]) -> dict[str, Any]:
@@ -116,7 +116,8 @@ class RuntimeSpec(Base):
             (
                 f"self.all(a, !a.matches('^--({OWNED_FLAGS})(=|$)'))",
                 "runtime.extraArgs must not set flags the operator owns (--model, --served-model-name, --tp, "
-                "--host, --port, --api-key, --dtype); use the matching spec fields",
+                "--host, --port, --metrics-port, --api-key, --api-key-file, --dtype); use the matching spec "
+                "fields",
             ),
         ),
     )
@@ -281,7 +282,10 @@ class InferenceServiceSpec(Base):
     disruption: DisruptionSpec = nested(DisruptionSpec, "PodDisruptionBudget.")
     service: ServiceSpec = nested(ServiceSpec, "The Service.")
     api_key_secret_ref: SecretKeyRef | None = Field(
-        default=None, description="Secret key holding the API key the pods require (SKIFF_API_KEY)."
+        default=None,
+        description="Secret key holding the API keys the pods require (one per line; mounted as a file the "
+        "runtime re-reads). Without it, and with the router in front, the operator keeps an internal key "
+        "in the Secret <name>-internal-key.",
     )
     model_cache: ModelCacheSpec | None = Field(
         default=None, description="Cache volume for downloaded models."

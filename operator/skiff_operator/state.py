@@ -21,6 +21,8 @@ class State:
     cluster: Cluster | None = None
     errors: dict[tuple[str, str], str] = field(default_factory=dict)  # last reconcile failure per object
     desired_hashes: dict[tuple[str, str], str] = field(default_factory=dict)  # template hash last rendered
+    rotations: dict[tuple[str, str], str] = field(default_factory=dict)  # rotate-annotation value applied
+    rotation_timers: dict[tuple[str, str], threading.Timer] = field(default_factory=dict)  # deferred ones
     _locks: dict[tuple[str, str], threading.Lock] = field(default_factory=dict)
     _guard: threading.Lock = field(default_factory=threading.Lock)
 

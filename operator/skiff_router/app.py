@@ -35,6 +35,7 @@ class RouterConfig:
     connect_timeout: float = 3.0
     require_api_key: bool = False  # True: every model needs a key; else only models with apiKeySecretRef
     quota_replicas: int = 1  # router replicas sharing each key's limits (kube discovery may update it)
+    metrics_port: int | None = None  # /metrics on a listener of its own (create_metrics_app), not the API's
 
 
 def error(status: int, message: str, code: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -306,11 +307,23 @@ def create_app(source: Source, config: RouterConfig | None = None) -> FastAPI:
             return JSONResponse({"status": "starting"}, status_code=503)
         return JSONResponse({"status": "ok", "models": len(router.registry.models())})
 
-    @app.get("/metrics")
+    if router.config.metrics_port is None:
+        app.add_api_route("/metrics", metrics_endpoint(router), methods=["GET"])
+    return app
+
+
+def metrics_endpoint(router: Router):
     async def metrics() -> Response:
         for m in router.registry.models():
             pool = router.registry.lookup(m)
             router.metrics.endpoints.labels(model=m).set(len(pool.endpoints) if pool else 0)
         return Response(router.metrics.render(), media_type="text/plain; version=0.0.4")
 
-    return app
+    return metrics
+
+
+def create_metrics_app(app: FastAPI) -> FastAPI:
+    """/metrics of the router `app` alone, for its own port (--metrics-port)."""
+    side = FastAPI(title="skiff router metrics", docs_url=None, redoc_url=None, openapi_url=None)
+    side.add_api_route("/metrics", metrics_endpoint(app.state.router), methods=["GET"])
+    return side

@@ -42,6 +42,7 @@ def pool_from_dict(d: dict) -> PoolSpec:
         prefix_chars=int(d.get("prefixChars", 256)),
         replicas=d.get("replicas"),
         upstream_key=d.get("apiKey"),
+        upstream_keys=tuple(d.get("internalKeys") or ()),
     )
 
 
@@ -52,7 +53,8 @@ def pod_keys(specs: list[PoolSpec]) -> list[ApiKey]:
 
 class StaticSource:
     """A YAML/JSON file with `services:` (name, namespace, models, endpoints, strategy, prefixChars,
-    replicas, apiKey: the key the backends require) and `apiKeys:` (name, key, models, rpm, tpm); re-read
+    replicas, apiKey: the key the backends require, also a client key; internalKeys: keys the router sends
+    the backends in turn, never a client key) and `apiKeys:` (name, key, models, rpm, tpm); re-read
     whenever it changes."""
 
     def __init__(self, path: str | os.PathLike, interval: float = 0.25) -> None:

@@ -9,9 +9,20 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import time
 from dataclasses import dataclass
 
-from skiff_contract import API_KEY_LABEL, GROUP, ISVC_LABEL, PLURAL, VERSION, isvc_served_name
+from skiff_contract import (
+    API_KEY_LABEL,
+    GROUP,
+    INTERNAL_KEY_FIELD,
+    INTERNAL_KEY_LABEL,
+    ISVC_LABEL,
+    PLURAL,
+    VERSION,
+    internal_key_secret_name,
+    isvc_served_name,
+)
 
 from skiff_router.discovery import pod_keys
 from skiff_router.keys import ApiKey, KeyStore
@@ -20,6 +31,7 @@ from skiff_router.registry import PoolSpec, Registry
 log = logging.getLogger("skiff_router")
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+SECRET_TTL, MISSING_TTL = 30.0, 5.0  # seconds a Secret read by name is reused (found, not found)
 
 
 def served_models(isvc: dict) -> tuple[str, ...]:
@@ -51,6 +63,26 @@ def secret_value(secret: dict, key: str) -> str | None:
     return base64.b64decode(raw).decode().strip() if raw is not None else None
 
 
+def _named_secrets(isvcs: list[dict], internal: bool) -> list[tuple[str, str]]:
+    """(namespace, name) of the Secrets to read by name: each apiKeySecretRef, and with `internal` each
+    service's internal-key Secret (where the router lists no Secrets in that namespace)."""
+    out = []
+    for isvc in isvcs:
+        ns = isvc["metadata"].get("namespace", "default")
+        ref = ((isvc.get("spec") or {}).get("apiKeySecretRef") or {}).get("name")
+        if ref:
+            out.append((ns, ref))
+        elif internal:
+            out.append((ns, internal_key_secret_name(isvc["metadata"]["name"])))
+    return out
+
+
+def secret_keys(secret: dict | None, field: str) -> tuple[str, ...]:
+    """The keys in one Secret field, one per line."""
+    value = secret_value(secret, field) if secret else None
+    return tuple(line.strip() for line in (value or "").splitlines() if line.strip())
+
+
 def pools_from_objects(isvcs: list[dict], slices: list[dict], secrets: list[dict] = ()) -> list[PoolSpec]:
     """`secrets`: at least the ones the InferenceServices' apiKeySecretRef name (their pods' key)."""
     by_name = {(s["metadata"].get("namespace", "default"), s["metadata"]["name"]): s for s in secrets}
@@ -67,11 +99,18 @@ def pools_from_objects(isvcs: list[dict], slices: list[dict], secrets: list[dict
         namespace, name = meta.get("namespace", "default"), meta["name"]
         routing = spec.get("routing") or {}
         ref = spec.get("apiKeySecretRef") or {}
-        upstream_key = None
+        upstream_key, upstream_keys = None, ()
         if ref.get("name"):
-            secret = by_name.get((namespace, ref["name"]))
+            upstream_keys = secret_keys(by_name.get((namespace, ref["name"])), ref.get("key", "token"))
             # a missing Secret or key: the pods reject everything anyway; the model stays key-only
-            upstream_key = (secret_value(secret, ref.get("key", "token")) if secret else None) or "\0missing"
+            upstream_key = upstream_keys[0] if upstream_keys else "\0missing"
+        else:
+            internal = by_name.get((namespace, internal_key_secret_name(name)))
+            if (
+                internal is not None
+                and (internal["metadata"].get("labels") or {}).get(INTERNAL_KEY_LABEL) == name
+            ):
+                upstream_keys = secret_keys(internal, INTERNAL_KEY_FIELD)
         specs.append(
             PoolSpec(
                 name=name,
@@ -82,6 +121,7 @@ def pools_from_objects(isvcs: list[dict], slices: list[dict], secrets: list[dict
                 prefix_chars=int(routing.get("prefixChars", 256)),
                 replicas=spec.get("replicas"),
                 upstream_key=upstream_key,
+                upstream_keys=upstream_keys,
             )
         )
     return specs
@@ -110,15 +150,19 @@ def keys_from_secrets(secrets: list[dict]) -> list[ApiKey]:
 @dataclass
 class KubeSource:
     """Lists InferenceServices and EndpointSlices (in `namespaces`, or all namespaces when empty) and the
-    api-key Secrets (labelled `skiff.dev/api-key`, plus every Secret an InferenceService references)."""
+    Secrets of client and pod keys (see `_list`)."""
 
     namespaces: tuple[str, ...] = ()
     interval: float = 2.0
     kubeconfig: str | None = None  # default: in-cluster service account, else the usual kubeconfig
     peers_service: str | None = None  # the routers' own Service: its ready endpoints divide the quotas
     peers_namespace: str = "default"
+    keys_namespace: str | None = None  # watching all namespaces: client keys live here (default: peers_)
 
     def __post_init__(self) -> None:
+        if self.keys_namespace is None:
+            self.keys_namespace = self.peers_namespace
+        self._secret_cache: dict[tuple[str, str], tuple[float, dict | None]] = {}
         from kubernetes import client, config
 
         if self.kubeconfig:
@@ -155,6 +199,11 @@ class KubeSource:
                 self._slice_version = "v1beta1"
 
     def _list(self) -> tuple[list[dict], list[dict], list[dict]]:
+        """InferenceServices, their EndpointSlices, and the Secrets the router reads: client keys (labelled
+        `skiff.dev/api-key`), internal keys (labelled `skiff.dev/internal-key`) and the Secrets that
+        apiKeySecretRef names. Secrets are listed only in watched namespaces; watching all namespaces, the
+        router lists client keys in its own namespace and reads each service's key Secret by name, so it
+        never needs to list Secrets cluster-wide."""
         ser = self._api.sanitize_for_serialization
         isvcs: list[dict] = []
         slices: list = []
@@ -163,23 +212,47 @@ class KubeSource:
             for ns in self.namespaces:
                 isvcs += self._custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]
                 slices += self._slices(ns)
-                secrets += self._core.list_namespaced_secret(ns, label_selector=API_KEY_LABEL).items
+                for label in (API_KEY_LABEL, INTERNAL_KEY_LABEL):
+                    secrets += self._core.list_namespaced_secret(ns, label_selector=label).items
         else:
             isvcs = self._custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
             slices = self._slices(None)
-            secrets = self._core.list_secret_for_all_namespaces(label_selector=API_KEY_LABEL).items
+            secrets = self._client_key_secrets()
         secret_dicts = [ser(s) for s in secrets]
         have = {(s["metadata"].get("namespace"), s["metadata"]["name"]) for s in secret_dicts}
-        for isvc in isvcs:
-            name = ((isvc.get("spec") or {}).get("apiKeySecretRef") or {}).get("name")
-            ns = isvc["metadata"].get("namespace", "default")
-            if name and (ns, name) not in have:
-                try:
-                    secret_dicts.append(ser(self._core.read_namespaced_secret(name, ns)))
+        for ns, name in _named_secrets(isvcs, internal=not self.namespaces):
+            if (ns, name) not in have:
+                secret = self._read_secret(ns, name)
+                if secret is not None:
+                    secret_dicts.append(secret)
                     have.add((ns, name))
-                except Exception as e:  # a missing Secret leaves the model key-only with no pod key
-                    log.warning("apiKeySecretRef %s/%s unreadable: %s", ns, name, e)
         return isvcs, slices, secret_dicts
+
+    def _client_key_secrets(self) -> list:
+        """Client-key Secrets of the router's own namespace; unreadable (RBAC that leaves it out, a wrong
+        $POD_NAMESPACE): none, with one warning, so models stay routable and key-only ones refuse all."""
+        try:
+            return self._core.list_namespaced_secret(self.keys_namespace, label_selector=API_KEY_LABEL).items
+        except Exception as e:
+            if not getattr(self, "_keys_warned", False):
+                log.warning("cannot list client keys in namespace %s: %s", self.keys_namespace, e)
+                self._keys_warned = True
+            return []
+
+    def _read_secret(self, namespace: str, name: str) -> dict | None:
+        """A Secret by name, cached (a hit for SECRET_TTL seconds, a miss for MISSING_TTL)."""
+        now = time.monotonic()
+        cached = self._secret_cache.get((namespace, name))
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        secret = None
+        try:
+            secret = self._api.sanitize_for_serialization(self._core.read_namespaced_secret(name, namespace))
+        except Exception as e:  # a missing Secret leaves the model key-only with no pod key
+            if getattr(e, "status", None) != 404:
+                log.warning("Secret %s/%s unreadable: %s", namespace, name, e)
+        self._secret_cache[(namespace, name)] = (now + (SECRET_TTL if secret else MISSING_TTL), secret)
+        return secret
 
     def _peer_count(self) -> int | None:
         """Ready router replicas: the addresses of the routers' own Service's EndpointSlices."""

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import dataclasses
 import logging
 import os
 import sys
+from collections.abc import Iterator
 
-from skiff_router.app import RouterConfig, create_app
+import uvicorn
+
+from skiff_router.app import RouterConfig, create_app, create_metrics_app
 from skiff_router.discovery import Source, StaticSource
 
 
@@ -19,6 +24,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--host", default="0.0.0.0")
     parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve /metrics on this port only (not on --port), so a network policy can open one alone",
+    )
     src = parser.add_mutually_exclusive_group()
     src.add_argument(
         "--static",
@@ -83,13 +94,15 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
     for name in ("hold_cap", "max_attempts", "quota_replicas"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 1")
+    if args.metrics_port is not None and (
+        not 0 < args.metrics_port < 65536 or args.metrics_port == args.port
+    ):
+        raise SystemExit(f"--metrics-port must be a port number other than --port, got {args.metrics_port}")
     fields = {f.name for f in dataclasses.fields(RouterConfig)}
     return RouterConfig(**{k: v for k, v in vars(args).items() if k in fields})
 
 
 def main(argv: list[str] | None = None) -> int:
-    import uvicorn
-
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -107,14 +120,53 @@ def main(argv: list[str] | None = None) -> int:
             peers_service=args.peers_service,
             peers_namespace=os.environ.get("POD_NAMESPACE", "default"),
         )
-    uvicorn.run(
-        create_app(source, config_from_args(args)),
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level.lower(),
-        timeout_graceful_shutdown=30,
+    config = config_from_args(args)
+    app = create_app(source, config)
+    main_server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level.lower(),
+            timeout_graceful_shutdown=30,
+        )
     )
-    return 0
+    if config.metrics_port is None:
+        main_server.run()
+        return 0 if main_server.started else 1
+    side = _SideServer(
+        uvicorn.Config(
+            create_metrics_app(app),
+            host=args.host,
+            port=config.metrics_port,
+            log_level=args.log_level.lower(),
+        )
+    )
+    return asyncio.run(_serve_both(main_server, side))
+
+
+class _SideServer(uvicorn.Server):
+    """The metrics listener: it leaves the signals to the API server, which stops it when it stops."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def _serve_both(main_server: uvicorn.Server, side: _SideServer) -> int:
+    side_task = asyncio.ensure_future(side.serve())
+    while not side.started and not side_task.done():
+        await asyncio.sleep(0.01)
+    if side_task.done():  # uvicorn exits when it cannot bind
+        print("skiff-router: cannot listen on --metrics-port", file=sys.stderr)
+        return 1
+    try:
+        await main_server.serve()
+    finally:
+        side.should_exit = True
+        with contextlib.suppress(SystemExit):
+            await side_task
+    return 0 if main_server.started else 1
 
 
 if __name__ == "__main__":

@@ -54,6 +54,23 @@ class NoEndpoint(Exception):
         self.tried = tried
 
 
+async def _send_with_keys(
+    client: httpx.AsyncClient, endpoint: Endpoint, keys: tuple[str, ...], path: str, body: dict
+) -> httpx.Response:
+    """Send with each key in turn, the current one first, while the pod answers 401 (a pod whose mounted
+    Secret the kubelet has not refreshed yet knows only the previous key); a 401 comes before the pod
+    reads the request, so sending it again is safe. The last answer is returned."""
+    order: list[str | None] = list(keys) or [None]
+    for i, key in enumerate(order):
+        headers = {"authorization": f"Bearer {key}"} if key else None
+        request = client.build_request("POST", endpoint.url + path, json=body, headers=headers)
+        response = await client.send(request, stream=True)
+        if response.status_code != 401 or i == len(order) - 1:
+            return response
+        await response.aclose()
+    raise AssertionError("unreachable: the loop returns on its last key")
+
+
 async def open_upstream(
     client: httpx.AsyncClient,
     pool: Pool,
@@ -73,11 +90,7 @@ async def open_upstream(
         tried.append(endpoint.address)
         endpoint.inflight += 1
         try:
-            headers = (
-                {"authorization": f"Bearer {pool.spec.upstream_key}"} if pool.spec.upstream_key else None
-            )
-            request = client.build_request("POST", endpoint.url + path, json=body, headers=headers)
-            response = await client.send(request, stream=True)
+            response = await _send_with_keys(client, endpoint, pool.spec.upstream_keys, path, body)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError) as e:
             endpoint.inflight -= 1
             pool.eject(endpoint.address)

@@ -28,6 +28,14 @@ class PoolSpec:
     # spec.apiKeySecretRef: the pods require this key. The router sends it upstream, requires a client key for
     # these models, and accepts the pod key itself as one (named `pod_key_name`, no quota).
     upstream_key: str | None = None
+    # Keys the router sends upstream in turn, moving to the next on a 401: the user's key(s) or the
+    # operator's internal key (current first, then the previous one during a rotation). Only
+    # `upstream_key` is also a client key; an internal key never is.
+    upstream_keys: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.upstream_key is not None and self.upstream_key not in self.upstream_keys:
+            object.__setattr__(self, "upstream_keys", (self.upstream_key, *self.upstream_keys))
 
     @property
     def pod_key_name(self) -> str:

@@ -43,6 +43,9 @@ def test_pod_readiness_and_url():
     assert not pod_ready(pod(None)) and not pod_ready(pod("10.0.0.1", deleting=True))
     assert pod_metrics_url(pod("10.0.0.1", port=9000)) == "http://10.0.0.1:9000/metrics"
     assert pod_metrics_url(pod("fd00::5")) == "http://[fd00::5]:8000/metrics"
+    split = pod("10.0.0.2")
+    split["spec"]["containers"][0]["ports"].append({"name": "metrics", "containerPort": 9090})
+    assert pod_metrics_url(split) == "http://10.0.0.2:9090/metrics"  # --metrics-port: its own listener
 
 
 def test_read_load_over_http_with_an_unreachable_pod():

@@ -120,6 +120,12 @@ def reconcile_example(clients, log: Path, name: str) -> dict:
     )
     isvc = wait_long("the InferenceService to be Ready", lambda: _ready(clients, name), timeout=90, log=log)
     assert isvc["status"]["readyReplicas"] == 1
+    # with the router: an internal key and a NetworkPolicy, written under the chart's RBAC
+    secret = clients.core.read_namespaced_secret(f"{name}-internal-key", MODELS_NS)
+    assert secret.metadata.labels["skiff.dev/internal-key"] == name
+    import kubernetes
+
+    kubernetes.client.NetworkingV1Api(clients.client).read_namespaced_network_policy(name, MODELS_NS)
     return isvc
 
 
@@ -149,7 +155,6 @@ def test_install_then_operator_reconciles_an_example(cluster, clients, tmp_path)
             ("list", "skiff.dev", "inferenceservices"),
             ("watch", "skiff.dev", "inferenceservices"),
             ("list", "discovery.k8s.io", "endpointslices"),
-            ("list", "", "secrets"),
             ("get", "", "secrets"),
             ("list", "", "services"),
             ("patch", "skiff.dev", "inferenceservices/scale"),
@@ -157,6 +162,7 @@ def test_install_then_operator_reconciles_an_example(cluster, clients, tmp_path)
             assert can(clients, router_sa, verb, group, resource), (verb, group, resource)
         for verb, group, resource in [
             ("create", "", "secrets"),
+            ("list", "", "secrets"),  # by name in model namespaces; listed only in its own (client keys)
             ("delete", "apps", "deployments"),
             ("patch", "skiff.dev", "inferenceservices"),
             ("create", "", "pods"),
@@ -262,6 +268,11 @@ def run_installed_router(cluster, clients, tmp_path: Path) -> dict[str, int]:
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
     env["KUBECONFIG"] = str(service_account_kubeconfig(cluster, clients, dep, tmp_path))
+    # the Deployment's downward-API namespace: where the router's client keys and peers live
+    assert any(
+        e.name == "POD_NAMESPACE" and e.value_from.field_ref.field_path == "metadata.namespace" for e in c.env
+    )
+    env["POD_NAMESPACE"] = NAMESPACE
     log = tmp_path / "router.log"
 
     def ready_models() -> dict[str, int] | None:

@@ -19,6 +19,13 @@ from support.waiting import wait_for
 
 CLUSTER_SH = ROOT / "scripts" / "cluster" / "cluster.sh"
 MODEL = "smollm2-135m-instruct"
+API_PORT, METRICS_PORT = 8000, 9090  # the model pods' ports (skiff_operator.render)
+
+
+def models_status(base_url: str, key: str | None = None) -> int:
+    """GET /v1/models with `key` (None: no Authorization header): the HTTP status."""
+    headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
+    return httpx.get(f"{base_url}/v1/models", headers=headers, timeout=15).status_code
 
 
 @dataclass
@@ -104,8 +111,8 @@ def example(name: str) -> dict[str, Any]:
 
 
 def pod_counters(pod_ip: str) -> tuple[float, float]:
-    """The pod's own (finished requests, generated tokens) from its Prometheus endpoint."""
-    text = httpx.get(f"http://{pod_ip}:8000/metrics", timeout=10).text
+    """The pod's own (finished requests, generated tokens) from its Prometheus endpoint (its metrics port)."""
+    text = httpx.get(f"http://{pod_ip}:{METRICS_PORT}/metrics", timeout=10).text
     finished = tokens = 0.0
     for line in text.splitlines():
         if line.startswith("skiff:requests_finished_total"):
@@ -121,11 +128,12 @@ def chat(
     max_tokens: int = 24,
     model: str = MODEL,
     timeout: float = 120,
+    api_key: str = "unused",
     **extra: object,
 ) -> str:
     import openai
 
-    client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", timeout=timeout, max_retries=0)
+    client = openai.OpenAI(base_url=f"{base_url}/v1", api_key=api_key, timeout=timeout, max_retries=0)
     out = client.chat.completions.create(
         model=model,
         messages=[{"role": "user", "content": content}],

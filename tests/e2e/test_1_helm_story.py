@@ -10,6 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import e2e_security
 import httpx
 import pytest
 from e2e_helpers import MODEL, StreamLoad, chat, condition, example, is_ready, pod_counters, wait_until
@@ -135,12 +136,29 @@ def test_embedded_cpu_becomes_ready_and_answers_like_skiff_serve(cluster, router
     assert answer == _local_skiff_serve_answer(cluster, tmp_path), answer
 
 
+def test_only_the_router_reaches_the_model(cluster, router_url):
+    """Direct calls to the model's Service and pods get 401; a team key through the router 200."""
+    e2e_security.only_the_router_gets_in(cluster, router_url, NS, SELECTOR)
+
+
+def test_rotating_the_internal_key_fails_no_request(cluster, router_url):
+    e2e_security.rotation_keeps_serving(cluster, router_url, NS, SELECTOR)
+
+
+def test_a_user_provided_key_still_works(cluster, router_url):
+    e2e_security.user_key_still_works(cluster, router_url, NS, POD_CPU)
+
+
 def _local_skiff_serve_answer(cluster, tmp_path: Path) -> str:
     """`skiff serve` on this machine with the pod's own command line (host and port aside)."""
     deploy = cluster.get("deployment", "-n", NS, "smollm2")
     cmd = list(deploy["spec"]["template"]["spec"]["containers"][0]["command"])
     port = free_port()
     cmd[cmd.index("--host") + 1], cmd[cmd.index("--port") + 1] = "127.0.0.1", str(port)
+    cmd[cmd.index("--metrics-port") + 1] = str(free_port())
+    if "--api-key-file" in cmd:  # the pod's mounted internal key: this local copy is open
+        at = cmd.index("--api-key-file")
+        del cmd[at : at + 2]
     cmd[0] = shutil.which("skiff") or cmd[0]
     proc = Process(cmd, log_path=tmp_path / "skiff-serve.log", new_session=True)
     try:

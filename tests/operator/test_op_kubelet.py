@@ -1,12 +1,15 @@
 """The pod contract end to end: play the kubelet for the Deployment rendered from the embedded example.
 
 The server container's command and env run as a local process; the pod's /tmp emptyDir becomes a temporary
-directory and its named container port a free local port (what a kubelet and kube-proxy would provide);
-the test waits on the rendered readiness probe, then chats through the Service's target port.
+directory, its API-key Secret volume a directory holding the operator's internal-key Secret as the volume's
+items name it, and its named container ports free local ports (what a kubelet and kube-proxy would
+provide); the test waits on the rendered readiness probe, then chats through the Service's target port
+with the key the router would send, and sees a call without it refused.
 """
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import sys
@@ -14,20 +17,36 @@ from pathlib import Path
 from typing import Any
 
 import openai
+import pytest
 from op_helpers import example_crs, with_identity
-from skiff_operator.render import desired_children
+from skiff_operator.access import internal_key_secret, next_internal_key
+from skiff_operator.render import OperatorSettings, desired_children
 from support.ports import free_port
 from support.process import Process
 
 
-def _rendered() -> tuple[dict[str, Any], dict[str, Any]]:
-    children = desired_children(with_identity(example_crs()["embedded-cpu"]))
+def _rendered() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    cr = with_identity(example_crs()["embedded-cpu"])
+    children = desired_children(cr, OperatorSettings(internal_api_keys=True))
     deployment = next(c for c in children if c["kind"] == "Deployment")
     service = next(c for c in children if c["kind"] == "Service" and c["spec"].get("clusterIP") != "None")
-    return deployment, service
+    key, _ = next_internal_key(None, "", now=0.0, min_interval=300)
+    return deployment, service, internal_key_secret(cr, key)
 
 
-def _local_argv(command: list[str], container_port: int, local_port: int) -> list[str]:
+def _mount_secret(pod: dict[str, Any], server: dict[str, Any], secret: dict[str, Any], root: Path) -> Path:
+    """The kubelet's part for the api-key volume: the Secret's items as files in a directory."""
+    volume = next(v for v in pod["volumes"] if v["name"] == "api-key")
+    assert volume["secret"]["secretName"] == secret["metadata"]["name"]
+    mount = next(m for m in server["volumeMounts"] if m["name"] == "api-key")
+    root.mkdir()
+    for item in volume["secret"]["items"]:
+        (root / item["path"]).write_bytes(base64.b64decode(secret["data"][item["key"]]))
+    return Path(mount["mountPath"])
+
+
+def _local_argv(command: list[str], ports: dict[int, int], mounts: dict[Path, Path]) -> list[str]:
+    """The container's command on this host: its ports mapped to free ones, mounted paths to local ones."""
     assert command[:2] == ["skiff", "serve"], command
     argv = [sys.executable, "-m", "skiff.cli", *command[1:]]
     out = []
@@ -35,9 +54,11 @@ def _local_argv(command: list[str], container_port: int, local_port: int) -> lis
         prev = argv[i - 1] if i else ""
         if prev == "--host":
             arg = "127.0.0.1"  # bind where the test can reach it and nothing else
-        elif prev == "--port":
-            assert int(arg) == container_port
-            arg = str(local_port)
+        elif prev in ("--port", "--metrics-port"):
+            arg = str(ports[int(arg)])
+        for inside, outside in mounts.items():
+            if arg.startswith(f"{inside}/"):
+                arg = str(outside / Path(arg).relative_to(inside))
         out.append(arg)
     return out
 
@@ -56,7 +77,7 @@ def _local_env(env: list[dict[str, Any]], pod_tmp: Path) -> dict[str, str]:
 
 
 def test_rendered_pod_serves_a_chat_answer_through_its_service_port(tmp_path: Path) -> None:
-    deployment, service = _rendered()
+    deployment, service, secret = _rendered()
     pod = deployment["spec"]["template"]["spec"]
     assert not pod.get("initContainers"), "the embedded model needs no download"
     server = next(c for c in pod["containers"] if c["name"] == "server")
@@ -64,6 +85,9 @@ def test_rendered_pod_serves_a_chat_answer_through_its_service_port(tmp_path: Pa
     target = service["spec"]["ports"][0]["targetPort"]
     container_port = ports[target]
     local_port = free_port()
+    local_ports = {container_port: local_port, ports["metrics"]: free_port()}
+    key_dir = _mount_secret(pod, server, secret, tmp_path / "api-key")
+    (internal_key,) = base64.b64decode(secret["data"]["keys"]).decode().split()
     probe = server["readinessProbe"]["httpGet"]
     startup = server["startupProbe"]
     startup_budget = startup["periodSeconds"] * startup["failureThreshold"]
@@ -72,7 +96,7 @@ def test_rendered_pod_serves_a_chat_answer_through_its_service_port(tmp_path: Pa
     probe_port = ports[probe["port"]] if isinstance(probe["port"], str) else probe["port"]
     assert probe_port == container_port
     pod_server = Process(
-        _local_argv(server["command"], container_port, local_port),
+        _local_argv(server["command"], local_ports, {key_dir: tmp_path / "api-key"}),
         env=_local_env(server["env"], tmp_path),
         log_path=tmp_path / "server.log",
         name="pod-server",
@@ -81,7 +105,10 @@ def test_rendered_pod_serves_a_chat_answer_through_its_service_port(tmp_path: Pa
         probe_url = f"http://127.0.0.1:{local_port}{probe['path']}"
         pod_server.wait_http_ok(probe_url, min(startup_budget, 600), interval=2, request_timeout=30)
 
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{local_port}/v1", api_key="unused", timeout=120)
+        base = f"http://127.0.0.1:{local_port}/v1"
+        with pytest.raises(openai.AuthenticationError):  # only the router, which holds the key, gets in
+            openai.OpenAI(base_url=base, api_key="unused", timeout=120, max_retries=0).models.list()
+        client = openai.OpenAI(base_url=base, api_key=internal_key, timeout=120)
         assert [m.id for m in client.models.list().data] == [served]
         reply = client.chat.completions.create(
             model=served,

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 
 import kubernetes_validate
 import pytest
 import yaml
 from op_helpers import example_crs, isvc, with_identity
+from skiff_operator.access import NetworkPolicySettings
 from skiff_operator.metadata import LABEL_HASH, LABEL_ISVC
 from skiff_operator.render import OperatorSettings, desired_children, serve_command
 from skiff_operator.spec import parse_spec
@@ -46,6 +48,14 @@ MATRIX: dict[str, dict] = {
         "model": {"contextLength": 2048, "servedName": "tiny"},
     },
 }
+# As the chart runs the operator with the router enabled: internal keys and a NetworkPolicy per service.
+FRONTED = OperatorSettings(
+    internal_api_keys=True,
+    network_policy=NetworkPolicySettings(
+        api_from=({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "skiff-system"}}},),
+        metrics_from=({"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}},),
+    ),
+)
 CASES = {**{f"example-{k}": with_identity(v)["spec"] for k, v in example_crs().items()}, **MATRIX}
 
 
@@ -62,7 +72,7 @@ def by_kind(children: list[dict]) -> dict[str, list[dict]]:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_every_child_is_valid_kubernetes(case: str) -> None:
-    for child in render(CASES[case]):
+    for child in render(CASES[case]) + render(CASES[case], FRONTED):
         for version in K8S_VERSIONS:
             kubernetes_validate.validate(child, version, strict=True)
 
@@ -185,6 +195,8 @@ def test_serve_command_carries_every_runtime_option() -> None:
         "0.0.0.0",
         "--port",
         "8000",
+        "--metrics-port",
+        "9090",
         "--dtype",
         "auto",
         "--max-running-requests",
@@ -205,12 +217,23 @@ def test_serve_command_carries_every_runtime_option() -> None:
     ]
 
 
-def test_api_key_comes_from_the_secret() -> None:
+def test_api_key_comes_from_the_users_secret_as_a_file() -> None:
+    """A user's apiKeySecretRef is mounted (never an env var: a file is re-read when the Secret changes)."""
     spec = {"apiKeySecretRef": {"name": "keys", "key": "api-key"}}
-    server = by_kind(render(spec))["Deployment"][0]["spec"]["template"]["spec"]["containers"][0]
-    env = next(e for e in server["env"] if e["name"] == "SKIFF_API_KEY")
-    assert env == {"name": "SKIFF_API_KEY", "valueFrom": {"secretKeyRef": {"name": "keys", "key": "api-key"}}}
-    assert "--api-key" not in server["command"]
+    for settings in (OperatorSettings(), OperatorSettings(internal_api_keys=True)):
+        pod = by_kind(render(spec, settings))["Deployment"][0]["spec"]["template"]["spec"]
+        server = pod["containers"][0]
+        assert not any(e["name"] == "SKIFF_API_KEY" for e in server["env"])
+        cmd = server["command"]
+        assert cmd[cmd.index("--api-key-file") + 1] == "/etc/skiff/api-key/keys" and "--api-key" not in cmd
+        volume = next(v for v in pod["volumes"] if v["name"] == "api-key")
+        assert volume["secret"]["secretName"] == "keys"
+        assert volume["secret"]["items"] == [{"key": "api-key", "path": "keys"}]
+        mount = next(m for m in server["volumeMounts"] if m["name"] == "api-key")
+        assert mount == {"name": "api-key", "mountPath": "/etc/skiff/api-key", "readOnly": True}
+    open_pod = by_kind(render({}))["Deployment"][0]["spec"]["template"]["spec"]
+    assert "--api-key-file" not in open_pod["containers"][0]["command"]  # no router, no key: as before
+    assert not any(v["name"] == "api-key" for v in open_pod["volumes"])
 
 
 def test_template_hash_changes_only_with_the_pod_template() -> None:
@@ -256,9 +279,8 @@ def test_autoscaler_objects_are_appended(monkeypatch) -> None:
 def test_golden_qwen3_8b() -> None:
     """The full rendering of one example, reviewed by eye; UPDATE_GOLDEN=1 rewrites it."""
     cr = with_identity(example_crs()["qwen3-8b"])
-    text = yaml.safe_dump_all(
-        desired_children(cr, OperatorSettings(default_image="skiff:test")), sort_keys=True
-    )
+    settings = dataclasses.replace(FRONTED, default_image="skiff:test")
+    text = yaml.safe_dump_all(desired_children(cr, settings), sort_keys=True)
     path = GOLDEN / "qwen3-8b.yaml"
     if os.environ.get("UPDATE_GOLDEN") == "1":
         path.parent.mkdir(exist_ok=True)

@@ -9,13 +9,14 @@ test_router_serve.py."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import threading
 
 import httpx
 import openai
 import pytest
-from skiff_contract import GROUP, PLURAL, VERSION
+from skiff_contract import GROUP, INTERNAL_KEY_LABEL, PLURAL, VERSION
 from skiff_router.app import RouterConfig, create_app
 from skiff_router.kube import KubeSource
 from support.asgi import ServerThread
@@ -154,3 +155,46 @@ def test_discovery_keys_and_scale_from_zero_on_a_real_api(kube):
         assert app.state.router.keys.find("sk-alice") is None
     finally:
         router.stop()
+
+
+def internal_key_secret(ns: str, name: str, keys: str) -> dict:
+    return {
+        "metadata": {"name": f"{name}-internal-key", "namespace": ns, "labels": {INTERNAL_KEY_LABEL: name}},
+        "data": {"keys": b64(keys)},
+    }
+
+
+def test_internal_keys_and_secret_reads_in_both_watch_modes(kube):
+    """Internal keys reach the pools (listed by label in watched namespaces; read by name when watching
+    all of them), are never client keys, and client keys come only from where the router looks."""
+    core, custom = kube.core, kube.custom
+    for ns in ("team-x", "skiff-system"):
+        core.create_namespace({"metadata": {"name": ns}})
+    core.create_namespaced_secret("team-x", internal_key_secret("team-x", "fronted", "sk-new\nsk-old\n"))
+    custom.create_namespaced_custom_object(GROUP, VERSION, "team-x", PLURAL, isvc("fronted", 1))
+    for ns, key in (("team-x", "sk-in-model-ns"), ("skiff-system", "sk-in-router-ns")):
+        core.create_namespaced_secret(
+            ns,
+            {
+                "metadata": {"name": "team", "labels": {"skiff.dev/api-key": "true"}},
+                "data": {"key": b64(key)},
+            },
+        )
+    namespaced = KubeSource(namespaces=("team-x",), kubeconfig=kube.kubeconfig)
+    clusterwide = KubeSource(kubeconfig=kube.kubeconfig, peers_namespace="skiff-system")
+    for source, client_key in ((namespaced, "sk-in-model-ns"), (clusterwide, "sk-in-router-ns")):
+        app = create_app(source, RouterConfig())
+        router = app.state.router
+        asyncio.run(source.refresh(router.registry, router.keys))
+        spec = router.registry.lookup("fronted").spec
+        assert (spec.upstream_key, spec.upstream_keys) == (None, ("sk-new", "sk-old"))
+        assert router.keys.find("sk-new") is None and router.keys.find("sk-old") is None
+        assert router.keys.find(client_key) is not None
+        other = ({"sk-in-model-ns", "sk-in-router-ns"} - {client_key}).pop()
+        assert router.keys.find(other) is None  # a namespace this router does not read keys from
+    # a rotation reaches the cluster-wide router once its cached read of the Secret expires
+    core.patch_namespaced_secret("fronted-internal-key", "team-x", {"data": {"keys": b64("sk-3\nsk-new\n")}})
+    clusterwide._secret_cache.clear()  # (SECRET_TTL seconds in a running router)
+    router = create_app(clusterwide, RouterConfig()).state.router
+    asyncio.run(clusterwide.refresh(router.registry, router.keys))
+    assert router.registry.lookup("fronted").spec.upstream_keys == ("sk-3", "sk-new")

@@ -86,3 +86,32 @@ severity: {{ .severity }}
 {{ toYaml . }}
 {{- end }}
 {{- end }}
+
+{{/* A NetworkPolicyPeer for this release's pods of one component; pass a dict with "ctx" and "component". */}}
+{{- define "skiff.peer" -}}
+{{- $pods := include "skiff.selectorLabels" . | fromYaml }}
+{{- toJson (dict "namespaceSelector" (dict "matchLabels" (dict "kubernetes.io/metadata.name" .ctx.Release.Namespace)) "podSelector" (dict "matchLabels" $pods)) }}
+{{- end }}
+
+{{/* The metrics scraper as a NetworkPolicyPeer (networkPolicy.metricsScraper, empty selectors left out). */}}
+{{- define "skiff.scraperPeer" -}}
+{{- $peer := dict }}
+{{- with .Values.networkPolicy.metricsScraper.namespaceSelector }}{{ $_ := set $peer "namespaceSelector" . }}{{ end }}
+{{- with .Values.networkPolicy.metricsScraper.podSelector }}{{ $_ := set $peer "podSelector" . }}{{ end }}
+{{- toJson $peer }}
+{{- end }}
+
+{{/* Whether the release renders NetworkPolicies: only with the router, the one way in they leave open. */}}
+{{- define "skiff.networkPolicies" -}}
+{{- if and .Values.router.enabled .Values.networkPolicy.enabled }}true{{ end }}
+{{- end }}
+
+{{/* The operator's --network-policy: who may reach the model pods' API port and their metrics port. */}}
+{{- define "skiff.modelPolicyJson" -}}
+{{- $router := include "skiff.peer" (dict "ctx" . "component" "router") | fromJson }}
+{{- $operator := include "skiff.peer" (dict "ctx" . "component" "operator") | fromJson }}
+{{- $scraper := include "skiff.scraperPeer" . | fromJson }}
+{{- $metrics := list $operator }}
+{{- if $scraper }}{{ $metrics = append $metrics $scraper }}{{ end }}
+{{- toJson (dict "apiFrom" (list $router) "metricsFrom" $metrics) }}
+{{- end }}

@@ -48,6 +48,14 @@
 - apiGroups: ["keda.sh"]
   resources: ["scaledobjects"]
   verbs: ["list", "create", "patch", "delete"]
+# internal API keys, by name; never listed
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "create", "patch", "delete"]
+# --network-policy; pruned
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["list", "create", "patch", "delete"]
 # Events on InferenceServices
 - apiGroups: [""]
   resources: ["events"]

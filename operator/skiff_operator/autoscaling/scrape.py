@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+from skiff_contract import API_PORT_NAME, METRICS_PORT_NAME
 
 from .metrics import HELD, INFLIGHT, QUEUED, RUNNING, SIGNALS
 
@@ -37,11 +38,13 @@ def pod_ready(pod: dict) -> bool:
 
 
 def pod_metrics_url(pod: dict) -> str:
-    port = DEFAULT_PORT
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        for p in container.get("ports") or []:
-            if p.get("name") == "http":
-                port = p["containerPort"]
+    """The pod's port named `metrics` (its own /metrics listener), else the API port named `http`."""
+    ports = {
+        p.get("name"): p["containerPort"]
+        for container in (pod.get("spec") or {}).get("containers") or []
+        for p in container.get("ports") or []
+    }
+    port = ports.get(METRICS_PORT_NAME) or ports.get(API_PORT_NAME) or DEFAULT_PORT
     ip = pod["status"]["podIP"]
     host = f"[{ip}]" if ":" in ip else ip
     return f"http://{host}:{port}/metrics"

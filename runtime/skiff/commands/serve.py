@@ -114,6 +114,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("SKIFF_API_KEY"),
         help="require `Authorization: Bearer KEY` on /v1 (default: $SKIFF_API_KEY)",
     )
+    g.add_argument(
+        "--api-key-file",
+        default=os.environ.get("SKIFF_API_KEY_FILE"),
+        help="accept every key in FILE (one per line; re-read when it changes, e.g. a mounted Secret "
+        "during a rotation); with --api-key, both are accepted (default: $SKIFF_API_KEY_FILE)",
+    )
+    g.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve /metrics on this port only (not on --port), so a network policy can open one alone",
+    )
     g.add_argument("--num-tokenizers", type=int, default=1, help="tokenizer worker processes")
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     g.add_argument(
@@ -137,12 +149,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from skiff.server.args import ServerArgs
+    from skiff.server.auth import KeyRing
     from skiff.server.launcher import serve
 
     try:
         config = engine_config(args)
         if args.num_tokenizers < 1:
             raise ValueError("--num-tokenizers must be >= 1")
+        if args.metrics_port is not None and not 0 < args.metrics_port < 65536:
+            raise ValueError(f"--metrics-port must be a port number, got {args.metrics_port}")
+        if args.metrics_port is not None and args.metrics_port == args.port:
+            raise ValueError("--metrics-port must differ from --port")
+        KeyRing.configured(args.api_key or None, args.api_key_file or None)
     except ValueError as e:
         print(f"skiff serve: {e}")
         return 2
@@ -151,6 +169,8 @@ def run(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         api_key=args.api_key or None,
+        api_key_file=args.api_key_file or None,
+        metrics_port=args.metrics_port,
         num_tokenizers=args.num_tokenizers,
         log_level=args.log_level,
         grace_period=args.grace_period,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hmac
 import json
 import os
 import re
@@ -20,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from skiff.constrained.grammar import Grammar, GrammarError, to_llguidance
 from skiff.params import InvalidRequest, SamplingParams
 from skiff.server.args import ServerArgs
+from skiff.server.auth import KeyRing
 from skiff.server.chat_output import ChatOutputSpec
 from skiff.server.engine_client import EngineClient
 from skiff.server.errors import ApiError, error_body, from_validation
@@ -92,10 +92,24 @@ async def _until_disconnect(request: Request) -> None:
             return
 
 
+def metrics_endpoint(client: EngineClient) -> Any:
+    async def metrics() -> Response:
+        return Response(client.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return metrics
+
+
+def create_metrics_app(client: EngineClient) -> FastAPI:
+    """`--metrics-port`: /metrics alone, on a port of its own."""
+    app = FastAPI(title="Skiff metrics", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_api_route("/metrics", metrics_endpoint(client), methods=["GET"])
+    return app
+
+
 def create_app(args: ServerArgs, client: EngineClient) -> FastAPI:
     app = FastAPI(title="Skiff", docs_url=None, redoc_url=None, openapi_url=None)
     model_name = args.model_name
-    api_key = args.api_key
+    keys = KeyRing.configured(args.api_key, args.api_key_file)
 
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, e: ApiError) -> JSONResponse:
@@ -113,10 +127,10 @@ def create_app(args: ServerArgs, client: EngineClient) -> FastAPI:
 
     @app.middleware("http")
     async def _auth(request: Request, call_next: Any) -> Response:
-        if api_key and request.url.path not in _OPEN_PATHS:
+        if keys.required and request.url.path not in _OPEN_PATHS:
             header = request.headers.get("authorization", "")
             given = header[7:] if header.lower().startswith("bearer ") else ""
-            if not hmac.compare_digest(given.encode(), api_key.encode()):
+            if not keys.accepts(given):
                 client.metrics.errors.labels(model_name=model_name, status="401").inc()
                 return ApiError(401, "Incorrect API key provided.", code="invalid_api_key").response()
         return await call_next(request)
@@ -272,9 +286,8 @@ def create_app(args: ServerArgs, client: EngineClient) -> FastAPI:
             raise ApiError(503, "generation did not finish in time", code="unhealthy") from None
         return JSONResponse({"status": "ok", "completion_tokens": body["usage"]["completion_tokens"]})
 
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(client.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    if args.metrics_port is None:
+        app.add_api_route("/metrics", metrics_endpoint(client), methods=["GET"])
 
     @app.get("/skiff/integrity")
     async def integrity() -> Response:

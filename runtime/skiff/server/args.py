@@ -14,6 +14,8 @@ class ServerArgs:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
+    api_key_file: str | None = None  # one key per line, re-read when it changes (auth.KeyRing)
+    metrics_port: int | None = None  # /metrics on its own port (and not on `port`); None: on `port`
     num_tokenizers: int = 1
     log_level: str = "info"
     grace_period: float = 30.0  # seconds in-flight requests get to finish after SIGTERM

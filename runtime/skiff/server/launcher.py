@@ -22,7 +22,7 @@ from typing import Any
 import uvicorn
 
 from skiff.server import protocol as P
-from skiff.server.api import create_app
+from skiff.server.api import create_app, create_metrics_app
 from skiff.server.args import ServerArgs
 from skiff.server.detokenizer_proc import run_detokenizer
 from skiff.server.engine_client import EngineClient
@@ -54,6 +54,14 @@ class _Server(uvicorn.Server):
         finally:
             for sig, h in previous.items():
                 signal.signal(sig, h)
+
+
+class _SideServer(uvicorn.Server):
+    """A second listener (--metrics-port) in the same loop: the main server owns the signals."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
 
 
 class Pod:
@@ -148,6 +156,13 @@ class Pod:
             lifespan="off",
         )
         server = _Server(config, lambda sig: setattr(client, "draining", True))
+        side = self._metrics_server(client)
+        side_task = asyncio.ensure_future(side.serve()) if side else None
+        if side is not None and side_task is not None and not await _bound(side, side_task):
+            print(f"skiff serve: cannot listen on --metrics-port {self.args.metrics_port}", file=sys.stderr)
+            client.fail_all("the server could not start")
+            client.close()
+            return 1
         watcher = asyncio.ensure_future(self.monitor(client, server))
         print(
             f"Skiff is serving {self.args.model_name} at http://{self.args.host}:{self.args.port}/v1 "
@@ -158,6 +173,10 @@ class Pod:
             await server.serve()
         finally:
             watcher.cancel()
+            if side is not None and side_task is not None:
+                side.should_exit = True
+                with contextlib.suppress(SystemExit):
+                    await side_task
             if server.started is False and self.exit_code == 0:
                 self.exit_code = 1  # could not bind the port
             client.fail_all("the server is shutting down")
@@ -166,6 +185,30 @@ class Pod:
                 await asyncio.sleep(0.05)
             client.close()
         return self.exit_code
+
+    def _metrics_server(self, client: EngineClient) -> _SideServer | None:
+        if self.args.metrics_port is None:
+            return None
+        config = uvicorn.Config(
+            create_metrics_app(client),
+            host=self.args.host,
+            port=self.args.metrics_port,
+            log_level=self.args.log_level,
+            access_log=False,
+            lifespan="off",
+        )
+        return _SideServer(config)
+
+
+async def _bound(side: uvicorn.Server, task: asyncio.Future) -> bool:
+    """Wait until the side listener is up; False if it gave up (uvicorn exits when it cannot bind)."""
+    while not side.started and not task.done():
+        await asyncio.sleep(0.01)
+    if task.done():
+        with contextlib.suppress(SystemExit, Exception):
+            task.result()
+        return False
+    return True
 
 
 def _is_spawned_python(pid: int) -> bool:
