@@ -9,9 +9,9 @@ from skiff_operator.rbac import OPERATOR_PERMISSIONS, Permission
 from support.kube import Api
 from support.operator_rbac import apply_objects, can, chart_objects, install_yaml_objects, service_account
 
-DENIED = [  # (verb, group, resource, subresource)
-    ("get", "", "secrets", None),
+DENIED = [  # (verb, group, resource, subresource); Secrets are read by name only (internal keys)
     ("list", "", "secrets", None),
+    ("watch", "", "secrets", None),
     ("delete", "apps", "deployments", None),
     ("create", "", "pods", None),
     ("update", "apps", "deployments", "scale"),
