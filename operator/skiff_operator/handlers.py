@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import datetime
 import logging
+import os
+import socket
 import threading
 import time
 from collections.abc import Mapping
@@ -25,9 +28,8 @@ from skiff_contract import GROUP, ROTATE_KEY_ANNOTATION, internal_key_secret_nam
 from . import access, render
 from .autoscaling import handlers as autoscaling_handlers
 from .kube import owned_by
-from .metadata import LABEL_HASH, LABEL_ISVC
+from .metadata import FIELD_MANAGER, LABEL_HASH, LABEL_ISVC
 from .metrics import METRICS
-from .render import OperatorSettings
 from .spec import parse_spec
 from .state import ISVC, STATE
 from .status import Observed, compute_status, status_changed
@@ -64,7 +66,12 @@ def sync_status(namespace: str, name: str) -> dict[str, Any] | None:
         new, events = compute_status(isvc, Observed(dep, pods, desired_hash, error), _now(), STATE.settings)
         METRICS.record_status(isvc, new)
         if status_changed(isvc.get("status"), new):
-            cluster.write_status(namespace, name, new)
+            try:
+                cluster.write_status(namespace, name, new)
+            except ApiException as e:
+                if e.status == 404:
+                    return None  # deleted meanwhile: its children's last events are no failure
+                raise
         for ev in events:
             kopf.event(isvc, type=ev.type, reason=ev.reason, message=ev.message[:1000])
         return new
@@ -139,13 +146,17 @@ def reconcile(namespace: str, name: str, retry: int = 0) -> None:
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     cluster = STATE.api()
     if not cluster.serves("policy/v1", "PodDisruptionBudget"):  # Kubernetes < 1.21
-        STATE.settings = OperatorSettings(**{**STATE.settings.__dict__, "pdb_api_version": "policy/v1beta1"})
+        STATE.settings = dataclasses.replace(STATE.settings, pdb_api_version="policy/v1beta1")
+    if not cluster.serves("autoscaling/v2", "HorizontalPodAutoscaler"):  # Kubernetes < 1.23
+        STATE.settings = dataclasses.replace(STATE.settings, hpa_api_version="autoscaling/v2beta2")
     # Handler progress in annotations, never in status: status is the public API (conditions).
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration"
     )
     settings.posting.level = logging.WARNING  # our own events describe transitions; kopf posts failures
+    settings.posting.reporting_component = FIELD_MANAGER  # "From" in kubectl describe: the operator's name
+    settings.posting.reporting_instance = os.environ.get("POD_ID") or socket.gethostname()
     settings.execution.max_workers = 8
 
 

@@ -3,15 +3,16 @@ Everything here is a thin call into the `kubernetes` client; decisions live in r
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import kubernetes
 from kubernetes.client.exceptions import ApiException
-from kubernetes.dynamic import DynamicClient
-from kubernetes.dynamic.exceptions import ResourceNotFoundError
 from skiff_contract import GROUP, PLURAL, VERSION
 
 from .metadata import FIELD_MANAGER, LABEL_ISVC
@@ -26,9 +27,12 @@ PRUNABLE: list[tuple[str, str]] = [
     ("policy/v1", "PodDisruptionBudget"),
     ("policy/v1beta1", "PodDisruptionBudget"),
     ("autoscaling/v2", "HorizontalPodAutoscaler"),
+    ("autoscaling/v2beta2", "HorizontalPodAutoscaler"),
     ("keda.sh/v1alpha1", "ScaledObject"),
     ("networking.k8s.io/v1", "NetworkPolicy"),
 ]
+REQUEST_TIMEOUT = 30.0
+RETRY_MISSING_SECONDS = 30.0  # a group-version not served (KEDA not installed yet) is asked again after this
 
 
 def load_config() -> None:
@@ -36,6 +40,77 @@ def load_config() -> None:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
         kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
+
+
+def call(
+    api: kubernetes.client.ApiClient,
+    path: str,
+    method: str,
+    query_params: list[tuple[str, str]] | None = None,
+    header_params: dict[str, str] | None = None,
+    body: Any = None,
+) -> Any:
+    """One request by path; the decoded JSON answer. Raises ApiException on a non-2xx status."""
+    headers = {"Accept": "application/json", "Content-Type": "application/json", **(header_params or {})}
+    request = api.param_serialize(
+        method,
+        path,
+        query_params=query_params or [],
+        header_params=headers,
+        body=body,
+        auth_settings=["BearerToken"],
+    )
+    response = api.call_api(*request, _request_timeout=REQUEST_TIMEOUT)
+    response.read()
+    if not 200 <= response.status <= 299:
+        api.response_deserialize(response, {})  # raises the ApiException of that status
+    return json.loads(response.data or b"null")
+
+
+@dataclass(frozen=True)
+class ApiResource:
+    api_version: str
+    kind: str
+    plural: str
+    namespaced: bool
+
+    def path(self, namespace: str | None, name: str | None = None) -> str:
+        base = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
+        ns = f"/namespaces/{namespace}" if self.namespaced and namespace else ""
+        return f"{base}{ns}/{self.plural}" + (f"/{name}" if name else "")
+
+
+@dataclass
+class Discovery:
+    """Kinds served per group-version, asked once per group-version and shared by every handler thread.
+    (The kubernetes dynamic client's lazy discovery cache is not safe under concurrent reconciles: its
+    half-filled cache raised KeyError 'resources'/'apis'.)"""
+
+    api: kubernetes.client.ApiClient
+    _served: dict[str, tuple[float, dict[str, ApiResource]]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _fetch(self, api_version: str) -> dict[str, ApiResource]:
+        path = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+        try:
+            listing = call(self.api, path, "GET")
+        except ApiException as e:
+            if e.status == 404:
+                return {}
+            raise
+        return {
+            r["kind"]: ApiResource(api_version, r["kind"], r["name"], bool(r.get("namespaced")))
+            for r in listing.get("resources", [])
+            if "/" not in r["name"]
+        }
+
+    def resource(self, api_version: str, kind: str) -> ApiResource | None:
+        with self._lock:
+            seen = self._served.get(api_version)
+            if seen is None or (not seen[1] and time.monotonic() - seen[0] > RETRY_MISSING_SECONDS):
+                seen = (time.monotonic(), self._fetch(api_version))
+                self._served[api_version] = seen
+            return seen[1].get(kind)
 
 
 def owned_by(obj: dict[str, Any], owner_uid: str) -> bool:
@@ -48,19 +123,16 @@ class Cluster:
     """One API connection with discovery cached."""
 
     api: kubernetes.client.ApiClient = field(default_factory=kubernetes.client.ApiClient)
-    _dynamic: DynamicClient | None = None
+    discovery: Discovery = field(init=False)
 
-    @property
-    def dynamic(self) -> DynamicClient:
-        if self._dynamic is None:
-            self._dynamic = DynamicClient(self.api)
-        return self._dynamic
+    def __post_init__(self) -> None:
+        self.discovery = Discovery(self.api)
 
-    def resource(self, api_version: str, kind: str) -> Any | None:
-        try:
-            return self.dynamic.resources.get(api_version=api_version, kind=kind)
-        except ResourceNotFoundError:
-            return None
+    def _call(self, path: str, method: str, **kwargs: Any) -> Any:
+        return call(self.api, path, method, **kwargs)
+
+    def resource(self, api_version: str, kind: str) -> ApiResource | None:
+        return self.discovery.resource(api_version, kind)
 
     def serves(self, api_version: str, kind: str) -> bool:
         return self.resource(api_version, kind) is not None
@@ -71,15 +143,13 @@ class Cluster:
         if res is None:
             raise LookupError(f"the cluster does not serve {obj['kind']} ({obj['apiVersion']})")
         meta = obj["metadata"]
-        out = self.dynamic.server_side_apply(
-            res,
+        return self._call(
+            res.path(meta.get("namespace"), meta["name"]),
+            "PATCH",
+            query_params=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+            header_params={"Content-Type": "application/apply-patch+yaml", "Accept": "application/json"},
             body=obj,
-            name=meta["name"],
-            namespace=meta.get("namespace"),
-            field_manager=FIELD_MANAGER,
-            force_conflicts=True,
         )
-        return out.to_dict()
 
     def prune(self, namespace: str, owner_name: str, owner_uid: str, keep: set[tuple[str, str]]) -> list[str]:
         """Delete owned children of kinds in PRUNABLE that are not in `keep` ((kind, name) pairs)."""
@@ -88,12 +158,15 @@ class Cluster:
             res = self.resource(api_version, kind)
             if res is None:
                 continue
-            items = res.get(namespace=namespace, label_selector=f"{LABEL_ISVC}={owner_name}").items
-            for item in items:
-                if owned_by(item.to_dict(), owner_uid) and (kind, item.metadata.name) not in keep:
+            listing = self._call(
+                res.path(namespace), "GET", query_params=[("labelSelector", f"{LABEL_ISVC}={owner_name}")]
+            )
+            for item in listing.get("items", []):
+                meta = item["metadata"]
+                if owned_by(item, owner_uid) and (kind, meta["name"]) not in keep:
                     try:
-                        res.delete(name=item.metadata.name, namespace=namespace)
-                        removed.append(f"{kind}/{item.metadata.name}")
+                        self._call(res.path(namespace, meta["name"]), "DELETE")
+                        removed.append(f"{kind}/{meta['name']}")
                     except ApiException as e:
                         if e.status != 404:
                             raise
@@ -105,7 +178,7 @@ class Cluster:
         if res is None:
             raise LookupError(f"the cluster does not serve {kind} ({api_version})")
         try:
-            return res.get(name=name, namespace=namespace).to_dict()
+            return self._call(res.path(namespace, name), "GET")
         except ApiException as e:
             if e.status == 404:
                 return None
@@ -116,8 +189,10 @@ class Cluster:
         obj = self.read(api_version, kind, namespace, name)
         if obj is None or not owned_by(obj, owner_uid):
             return False
+        res = self.resource(api_version, kind)
+        assert res is not None  # read() found the kind served
         try:
-            self.resource(api_version, kind).delete(name=name, namespace=namespace)
+            self._call(res.path(namespace, name), "DELETE")
         except ApiException as e:
             if e.status != 404:
                 raise

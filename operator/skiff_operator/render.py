@@ -26,6 +26,7 @@ class OperatorSettings:
     default_image: str = "ghcr.io/skiff-project/skiff:0.1.0"
     cluster_domain: str = "cluster.local"
     pdb_api_version: str = "policy/v1"  # policy/v1beta1 on clusters older than 1.21
+    hpa_api_version: str = "autoscaling/v2"  # autoscaling/v2beta2 on clusters older than 1.23
     # The router fronts the services: pods without spec.apiKeySecretRef require an internal key (access.py).
     internal_api_keys: bool = False
     key_rotation_min_seconds: float = 300.0
@@ -301,12 +302,10 @@ def cache_claim(isvc: dict[str, Any], spec: InferenceServiceSpec) -> dict[str, A
     }
     if cache.storage_class:
         claim["storageClassName"] = cache.storage_class
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": child_metadata(isvc, f"{isvc['metadata']['name']}-model-cache"),
-        "spec": claim,
-    }
+    metadata = child_metadata(isvc, f"{isvc['metadata']['name']}-model-cache")
+    if cache.when_deleted == "Retain":  # no owner: garbage collection leaves it (applying drops our old one)
+        del metadata["ownerReferences"]
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": metadata, "spec": claim}
 
 
 def desired_children(isvc: dict[str, Any], settings: OperatorSettings | None = None) -> list[dict[str, Any]]:
@@ -317,5 +316,5 @@ def desired_children(isvc: dict[str, Any], settings: OperatorSettings | None = N
     children.append(disruption_budget(isvc, spec, settings))
     if settings.network_policy is not None:
         children.append(network_policy(isvc, settings.network_policy))
-    children += autoscaler_objects(isvc)
+    children += autoscaler_objects(isvc, settings.hpa_api_version)
     return [c for c in children if c is not None]

@@ -237,8 +237,9 @@ class ServiceSpec(Base):
 
 
 class ModelCacheSpec(Base):
-    """Where hf:// downloads go: an existing PVC, or a new one the operator creates (owned, so it is
-    deleted with the InferenceService). Without modelCache an emptyDir is used (downloaded per pod)."""
+    """Where hf:// downloads go: an existing PVC, or a new one the operator creates (kept when the
+    InferenceService is deleted unless whenDeleted is Delete). Without modelCache an emptyDir is used
+    (downloaded per pod)."""
 
     pvc: str | None = Field(default=None, description="Existing PersistentVolumeClaim.")
     storage_class: str | None = Field(default=None, description="StorageClass of a new claim.")
@@ -246,6 +247,12 @@ class ModelCacheSpec(Base):
     access_mode: Literal["ReadWriteOnce", "ReadWriteMany", "ReadWriteOncePod"] = Field(
         default="ReadWriteOnce",
         description="Access mode of a new claim (ReadWriteMany for replicas on many nodes).",
+    )
+    when_deleted: Literal["Retain", "Delete"] = Field(
+        default="Retain",
+        description="What happens to a new claim when the InferenceService is deleted (as StatefulSet's"
+        " persistentVolumeClaimRetentionPolicy): Retain keeps it (a re-create reuses the download), Delete"
+        " removes it with the service.",
     )
 
     model_config = ConfigDict(
@@ -304,7 +311,7 @@ class InferenceServiceSpec(Base):
 class Condition(Base):
     """A metav1.Condition."""
 
-    type: str = Field(description="Ready, ModelReady, WorkloadReady, Progressing or Degraded.")
+    type: str = Field(description="Ready, Available, ModelReady, Progressing or Degraded.")
     status: Literal["True", "False", "Unknown"] = Field(description="Condition status.")
     reason: str = Field(description="CamelCase machine-readable reason.")
     message: str = Field(default="", description="Human-readable detail.")
@@ -330,10 +337,11 @@ class InferenceServiceStatus(Base):
 
     conditions: list[Condition] = Field(
         default_factory=list,
-        description="Ready, ModelReady, WorkloadReady, Progressing, Degraded.",
+        description="Ready, Available, ModelReady, Progressing, Degraded.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     observed_generation: int | None = Field(default=None, description="Generation the status describes.")
+    desired_replicas: int | None = Field(default=None, description="Replicas wanted now.")
     replicas: int | None = Field(default=None, description="Pods that exist (scale subresource).")
     ready_replicas: int | None = Field(default=None, description="Pods passing the readiness probe.")
     updated_replicas: int | None = Field(default=None, description="Pods of the current template.")

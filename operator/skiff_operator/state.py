@@ -31,10 +31,11 @@ class State:
             return self._locks.setdefault(key, threading.Lock())
 
     def api(self) -> Cluster:
-        if self.cluster is None:
-            load_config()
-            self.cluster = Cluster()
-        return self.cluster
+        with self._guard:  # handler threads share one connection and one discovery cache
+            if self.cluster is None:
+                load_config()
+                self.cluster = Cluster()
+            return self.cluster
 
 
 STATE = State()

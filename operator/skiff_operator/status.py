@@ -1,7 +1,10 @@
 """The pure status function: an InferenceService + its observed Deployment and Pods -> status and events.
 
-Ready means the *current* generation's pods (those carrying the template hash the operator renders from the
-current spec) pass the real-token readiness probe; `observedGeneration` says which spec that was."""
+Conditions as Kubernetes users read them: `Ready` while the service can answer (a replica passes the
+real-token readiness probe, or it is scaled to zero and the router wakes it on a request); `Available` when
+every wanted replica of the *current* template (the hash the operator renders from the current spec) is
+ready; `Progressing` during a rollout or a scale; `Degraded` naming the cause a user can fix (problems.py);
+`ModelReady` for the model fetch. `observedGeneration` says which spec they describe."""
 
 from __future__ import annotations
 
@@ -11,10 +14,11 @@ from typing import Any
 from skiff_contract import parse_source
 
 from .metadata import LABEL_HASH, selector_string, served_name
+from .problems import child_problem, failure_text, plural, terminated
 from .render import OperatorSettings, service_url
 from .spec import parse_spec
 
-CONDITION_TYPES = ("Ready", "ModelReady", "WorkloadReady", "Progressing", "Degraded")
+CONDITION_TYPES = ("Ready", "Available", "ModelReady", "Progressing", "Degraded")
 INIT_CONTAINER = "model-download"
 
 
@@ -38,19 +42,6 @@ def _pod_ready(pod: dict[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
 
 
-def _terminated(status: dict[str, Any]) -> dict[str, Any] | None:
-    for key in ("state", "lastState"):
-        term = (status.get(key) or {}).get("terminated")
-        if term:
-            return term
-    return None
-
-
-def _failure_text(term: dict[str, Any]) -> str:
-    text = (term.get("message") or "").strip() or term.get("reason") or "failed"
-    return f"exit code {term.get('exitCode')}: {text.splitlines()[-1] if text else ''}"
-
-
 def _model_condition(scheme: str, pods: list[dict[str, Any]], want: int) -> tuple[str, str, str]:
     if scheme == "embedded":
         return "True", "EmbeddedModel", "serving the runtime's embedded model"
@@ -65,9 +56,9 @@ def _model_condition(scheme: str, pods: list[dict[str, Any]], want: int) -> tupl
             term = (init.get("state") or {}).get("terminated")
             if term and term.get("exitCode") == 0:
                 return "True", "ModelAvailable", "the model download/verification step succeeded"
-            failed = _terminated(init)
+            failed = terminated(init)
             if failed and failed.get("exitCode") not in (None, 0):
-                failure = _failure_text(failed)
+                failure = failure_text(failed)
             elif (init.get("state") or {}).get("running"):
                 downloading = True
     if failure:
@@ -77,22 +68,6 @@ def _model_condition(scheme: str, pods: list[dict[str, Any]], want: int) -> tupl
     if want == 0:
         return "Unknown", "ScaledToZero", "no pods to report on the model"
     return "Unknown", "Pending", "waiting for a pod to fetch the model"
-
-
-def _crash(pods: list[dict[str, Any]]) -> str | None:
-    for pod in pods:
-        for cs in pod.get("status", {}).get("containerStatuses") or []:
-            waiting = (cs.get("state") or {}).get("waiting") or {}
-            if waiting.get("reason") in (
-                "CrashLoopBackOff",
-                "ImagePullBackOff",
-                "ErrImagePull",
-                "CreateContainerConfigError",
-            ):
-                term = cs.get("lastState", {}).get("terminated")
-                detail = _failure_text(term) if term else waiting.get("message", "")
-                return f"{pod['metadata']['name']}: {waiting['reason']} {detail}".strip()
-    return None
 
 
 def compute_status(
@@ -107,55 +82,58 @@ def compute_status(
     live = [p for p in seen.pods if not p["metadata"].get("deletionTimestamp")]
     current = [p for p in live if p["metadata"].get("labels", {}).get(LABEL_HASH) == seen.desired_hash]
     ready_current = sum(1 for p in current if _pod_ready(p))
-    synced = bool(
-        dep
-        and dep["metadata"].get("annotations", {}).get(LABEL_HASH) == seen.desired_hash
-        and dep_status.get("observedGeneration", 0) >= dep["metadata"].get("generation", 0)
-    )
+    ready_any = sum(1 for p in live if _pod_ready(p))
+    # The template the Deployment holds is the current one. (Its observedGeneration is not asked: a scale
+    # bumps the Deployment's generation too, and that is no rollout.)
+    synced = bool(dep and dep["metadata"].get("annotations", {}).get(LABEL_HASH) == seen.desired_hash)
     total = int(dep_status.get("replicas") or 0)
-    updated = int(dep_status.get("updatedReplicas") or 0) if synced else 0
+    updated = len(current) if synced else 0
 
     model = _model_condition(parse_source(spec.model.source).scheme, current, want)
+    pods_ready = f"{ready_current}/{plural(want, 'replica')} of the current template ready"
     if dep is None:
-        workload = ("False", "DeploymentMissing", "the Deployment does not exist yet")
-    elif not synced:
-        workload = ("False", "RolloutPending", "the Deployment has not observed the current template yet")
+        available = ("False", "DeploymentMissing", "the Deployment does not exist yet")
     elif want == 0:
-        workload = ("False", "ScaledToZero", "0 replicas requested")
-    elif ready_current >= want and updated >= want:
-        workload = ("True", "AllReplicasReady", f"{ready_current}/{want} current pods ready")
+        available = ("True", "ScaledToZero", "0 replicas requested")
+    elif synced and ready_current >= want:
+        available = ("True", "AllReplicasReady", pods_ready)
     else:
-        workload = ("False", "ReplicasNotReady", f"{ready_current}/{want} current pods ready")
-    rolling = not synced or updated < want or total > want or ready_current < want
-    progressing = (
-        ("True", "RollingOut", f"{updated} updated, {total} total, {want} wanted")
-        if rolling and want
-        else ("False", "RolloutComplete", "no change in progress")
-    )
+        available = ("False", "ReplicasNotReady", pods_ready)
+    if dep is not None and not synced:
+        progressing = ("True", "RollingOut", "the Deployment is taking the current template")
+    elif synced and (updated < want or ready_current < want) and want:
+        progressing = ("True", "RollingOut" if total > updated else "Scaling", pods_ready)
+    elif total > want:
+        progressing = ("True", "Scaling", f"{plural(total, 'replica')}, {want} wanted")
+    else:
+        progressing = ("False", "Complete", "no change in progress")
 
-    dep_conds = {c.get("type"): c for c in dep_status.get("conditions") or []}
-    deadline = dep_conds.get("Progressing", {}).get("reason") == "ProgressDeadlineExceeded"
-    crash = _crash(current)
+    problem = child_problem(dep, current or live)
     if seen.reconcile_error:
         degraded = ("True", "ReconcileFailed", seen.reconcile_error)
     elif model[0] == "False":
         degraded = ("True", model[1], model[2])
-    elif crash:
-        degraded = ("True", "ServerCrashing", crash)
-    elif deadline:
-        degraded = ("True", "ProgressDeadlineExceeded", dep_conds["Progressing"].get("message", ""))
+    elif problem:
+        degraded = ("True", *problem)
     else:
         degraded = ("False", "AsExpected", "no problems observed")
-    if workload[0] == "True" and degraded[0] == "False":
-        ready = ("True", "Serving", f"{ready_current} pods of generation {generation} ready")
+    # Ready: the service answers now (a pod of any template passes the probe), or scaled to zero, when a
+    # request through the router wakes it. A rollout in progress is Progressing, not NotReady.
+    if ready_any >= 1:
+        ready = ("True", "Serving", f"{plural(ready_any, 'replica')} ready")
+    elif dep is not None and want == 0 and degraded[0] == "False":
+        ready = ("True", "ScaledToZero", "no replicas; a request through the router wakes it")
+    elif degraded[0] == "True":
+        ready = ("False", degraded[1], degraded[2])
+    elif dep is None:
+        ready = ("False", "DeploymentMissing", "the Deployment does not exist yet")
     else:
-        blocker = degraded if degraded[0] == "True" else workload
-        ready = ("False", blocker[1], blocker[2])
+        ready = ("False", "Starting", f"0/{plural(want, 'replica')} ready")
 
     values = {
         "Ready": ready,
+        "Available": available,
         "ModelReady": model,
-        "WorkloadReady": workload,
         "Progressing": progressing,
         "Degraded": degraded,
     }
@@ -175,29 +153,25 @@ def compute_status(
                 "observedGeneration": generation,
             }
         )
-        if ctype == "Degraded" and status == "False" and (old is None or old.get("status") != "True"):
-            continue  # born healthy: no "Recovered" event
-        if changed or (ctype == "Degraded" and status == "True" and old and old.get("reason") != reason):
-            events.extend(_transition_event(ctype, status, reason, message))
+        events.extend(_transition_event(ctype, (status, reason, message), old))
 
     if degraded[0] == "True":
         phase = "Degraded"
     elif want == 0:
         phase = "Idle"
-    elif ready[0] == "True":
+    elif ready_current >= want and synced:
         phase = "Ready"
-    elif any(_pod_ready(p) for p in live):
+    elif ready_any:
         phase = "Updating"
     else:
         phase = "Loading" if live else "Pending"
     status_body = {
         "observedGeneration": generation,
         "conditions": conditions,
+        "desiredReplicas": want,
         "replicas": total,
         # counted from the pods, like Ready itself: the Deployment's own count can lag them
-        "readyReplicas": max(
-            int(dep_status.get("readyReplicas") or 0), sum(1 for p in live if _pod_ready(p))
-        ),
+        "readyReplicas": max(int(dep_status.get("readyReplicas") or 0), ready_any),
         "updatedReplicas": updated,
         "selector": selector_string(isvc["metadata"]["name"]),
         "url": service_url(isvc, settings, spec),
@@ -207,21 +181,30 @@ def compute_status(
     return status_body, events
 
 
-def _transition_event(ctype: str, status: str, reason: str, message: str) -> list[Event]:
-    if ctype == "Ready":
-        return [
-            Event(
-                "Normal" if status == "True" else "Warning" if reason != "RolloutPending" else "Normal",
-                "Ready" if status == "True" else "NotReady",
-                f"{reason}: {message}".rstrip(": "),
-            )
-        ]
-    if ctype == "Degraded" and status == "True":
-        return [Event("Warning", reason, message)]
+def _transition_event(ctype: str, value: tuple[str, str, str], old: dict[str, Any] | None) -> list[Event]:
+    """Events for condition changes: Warning only for a real problem (Degraded, or Ready lost to one),
+    Normal for a normal start, scale or rollout; nothing for the first, healthy status of a new object."""
+    status, reason, message = value
+    was = (old or {}).get("status")
+    text = f"{reason}: {message}".rstrip(": ")
     if ctype == "Degraded":
-        return [Event("Normal", "Recovered", "no longer degraded")]
+        if status == "True" and (was != "True" or old.get("reason") != reason):
+            return [Event("Warning", reason, message)]
+        if status == "False" and was == "True":
+            return [Event("Normal", "Recovered", "no longer degraded")]
+        return []
+    if status == was:
+        return []
+    if ctype == "Ready" and status == "True":
+        return [Event("Normal", "Ready", text)]
+    if ctype == "Ready" and was == "True":  # lost: a Warning only where Degraded names no cause already
+        return [
+            Event("Normal" if reason in ("Starting", "DeploymentMissing") else "Warning", "NotReady", text)
+        ]
     if ctype == "ModelReady" and status == "True":
         return [Event("Normal", "ModelReady", message)]
+    if ctype == "Progressing" and status == "True":
+        return [Event("Normal", reason, message)]
     return []
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import kubernetes
 import pytest
@@ -12,6 +13,7 @@ from kopf.testing import KopfRunner
 from op_helpers import running_operator
 from support.kube import Api, connect, control_plane, install_crds
 from support.kubelet import FakeKubelet
+from support.operator_rbac import install_yaml_objects, installed_operator_kubeconfig
 
 
 @pytest.fixture(scope="session")
@@ -33,9 +35,16 @@ def namespace(api: Api) -> Iterator[str]:
     api.core.delete_namespace(name)
 
 
+@pytest.fixture(scope="session")
+def operator_kubeconfig(api: Api, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The operator's ServiceAccount and RBAC as manifests/install.yaml installs them; its token's kubeconfig."""
+    path = tmp_path_factory.mktemp("operator") / "kubeconfig"
+    return installed_operator_kubeconfig(api, install_yaml_objects(), path)
+
+
 @pytest.fixture
-def operator(api: Api, namespace: str) -> Iterator[KopfRunner]:
-    with running_operator(namespace) as runner:
+def operator(api: Api, namespace: str, operator_kubeconfig: Path) -> Iterator[KopfRunner]:
+    with running_operator(namespace, operator_kubeconfig) as runner:
         yield runner
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
 from kopf.testing import KopfRunner
+from kubernetes.config import kube_config
 from support.paths import EXAMPLES
 
 INVALID = Path(__file__).parent / "invalid"
@@ -50,14 +52,35 @@ def with_identity(cr: dict[str, Any], namespace: str = "ml") -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def running_operator(namespace: str) -> Iterator[KopfRunner]:
-    """The real operator (kopf's own runner, our handlers module) watching one namespace."""
+def kubeconfig_in_use(path: Path | str) -> Iterator[None]:
+    """KUBECONFIG (what the operator's own client reads) and the kubernetes client's default location (what
+    kopf's login reads, fixed at import) point at `path` for the block."""
+    saved = os.environ.get("KUBECONFIG"), kube_config.KUBE_CONFIG_DEFAULT_LOCATION
+    os.environ["KUBECONFIG"] = kube_config.KUBE_CONFIG_DEFAULT_LOCATION = str(path)
+    try:
+        yield
+    finally:
+        if saved[0] is None:
+            os.environ.pop("KUBECONFIG", None)
+        else:
+            os.environ["KUBECONFIG"] = saved[0]
+        kube_config.KUBE_CONFIG_DEFAULT_LOCATION = saved[1]
+
+
+@contextlib.contextmanager
+def running_operator(namespace: str, kubeconfig: Path | str) -> Iterator[KopfRunner]:
+    """The real operator (kopf's own runner, our handlers module) watching one namespace, logged in with
+    `kubeconfig` (the installed ServiceAccount's, so the installed RBAC is what it gets)."""
     from skiff_operator import handlers
+    from skiff_operator.autoscaling import handlers as autoscaling_handlers
 
     handlers.STATE.cluster = None
     handlers.STATE.errors.clear()
+    autoscaling_handlers.reset()
     args = ["run", "--standalone", "--namespace", namespace, "-m", "skiff_operator.handlers"]
-    with KopfRunner(args, timeout=60) as runner:
+    with kubeconfig_in_use(kubeconfig), KopfRunner(args, timeout=60) as runner:
         yield runner
+    handlers.STATE.cluster = None
     assert runner.exit_code == 0, runner.output
     assert runner.exception is None, runner.exception
+    assert "Forbidden" not in runner.output, runner.output[-4000:]

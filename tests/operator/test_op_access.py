@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import kubernetes
 import kubernetes_validate
@@ -23,6 +24,7 @@ from skiff_operator.access import (
     next_internal_key,
     read_internal_key,
 )
+from skiff_operator.metadata import LABEL_HASH as TEMPLATE_HASH
 from skiff_operator.render import OperatorSettings, desired_children
 from support.kube import Api, create_isvc, patch_isvc_spec, wait_for_api
 
@@ -116,7 +118,7 @@ def test_bad_network_policy_settings_are_refused(text: str, message: str) -> Non
 
 
 @contextlib.contextmanager
-def fronted_operator(namespace: str, min_interval: float) -> Iterator[None]:
+def fronted_operator(namespace: str, kubeconfig: Path, min_interval: float) -> Iterator[None]:
     saved = handlers.STATE.settings
     handlers.STATE.settings = dataclasses.replace(
         saved,
@@ -126,7 +128,7 @@ def fronted_operator(namespace: str, min_interval: float) -> Iterator[None]:
     )
     handlers.STATE.rotations.clear()
     try:
-        with running_operator(namespace):
+        with running_operator(namespace, kubeconfig):
             yield
     finally:
         handlers.STATE.settings = saved
@@ -143,9 +145,11 @@ def annotate(api: Api, ns: str, name: str, value: str) -> None:
 
 
 @pytest.mark.timeout(240)
-def test_operator_keeps_rotates_and_removes_the_internal_key(api: Api, namespace: str) -> None:
+def test_operator_keeps_rotates_and_removes_the_internal_key(
+    api: Api, namespace: str, operator_kubeconfig: Path
+) -> None:
     ns = namespace
-    with fronted_operator(ns, min_interval=6.0):
+    with fronted_operator(ns, operator_kubeconfig, min_interval=6.0):
         create_isvc(api, ns, "chat", {"resources": {"gpus": 0}})
         (first,) = wait_for_api(lambda: keys_of(api, ns, "chat"), 60, "the internal-key Secret")
         secret = api.core.read_namespaced_secret("chat-internal-key", ns)
@@ -175,8 +179,8 @@ def test_operator_keeps_rotates_and_removes_the_internal_key(api: Api, namespace
             lambda: (k := keys_of(api, ns, "chat")) != rotated and k, 30, "the deferred rotation"
         )
         assert again[1] == rotated[0] and time.monotonic() - t_rotated >= 5
-        hash_now = api.apps.read_namespaced_deployment("chat", ns).metadata.annotations
-        assert hash_now == dep.metadata.annotations  # no rollout for a rotation
+        hash_now = api.apps.read_namespaced_deployment("chat", ns).metadata.annotations[TEMPLATE_HASH]
+        assert hash_now == dep.metadata.annotations[TEMPLATE_HASH]  # no rollout for a rotation
 
         # the user names a key: the internal one goes, the pods mount the user's Secret
         api.core.create_namespaced_secret(

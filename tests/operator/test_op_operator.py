@@ -4,6 +4,8 @@ as local processes and marks pods ready."""
 
 from __future__ import annotations
 
+import time
+
 import kubernetes
 import pytest
 from op_helpers import running_operator
@@ -25,6 +27,15 @@ def ready_at(api: Api, ns: str, name: str, generation: int, status: str = "True"
         c = condition(obj, "Ready")
         ok = c.get("status") == status and obj["status"].get("observedGeneration") == generation
         return obj if ok and c.get("observedGeneration") == generation else None
+
+    return check
+
+
+def available_at(api: Api, ns: str, name: str, generation: int):
+    def check():
+        obj = get_isvc(api, ns, name)
+        c = condition(obj, "Available")
+        return obj if c.get("status") == "True" and c.get("observedGeneration") == generation else None
 
     return check
 
@@ -69,16 +80,19 @@ def test_lifecycle_create_ready_update_scale_delete(api: Api, namespace: str, op
     events = api.core.list_namespaced_event(ns, field_selector="involvedObject.name=chat").items
     assert any(e.reason == "Ready" for e in events)
 
-    # A spec change rolls: the new generation is not Ready until its own pod is, although the old one serves.
+    # A spec change rolls: the old pod keeps serving (Ready), the new template is not Available until its
+    # own pod is ready, and Progressing says so.
     first_hash = dep.metadata.annotations[LABEL_HASH]
     kubelet.hold = True
     patch_isvc_spec(api, ns, "chat", {"runtime": {"dtype": "bfloat16"}})
-    obj = wait_for_api(ready_at(api, ns, "chat", 2, "False"), 30, "Ready=False at generation 2")
     wait_for_api(lambda: len(pods(api, ns, "chat")) == 2, 30, "a surge pod next to the serving one")
-    obj = get_isvc(api, ns, "chat")
+    obj = wait_for_api(
+        lambda: (o := get_isvc(api, ns, "chat"))["status"].get("observedGeneration") == 2 and o, 30, "gen 2"
+    )
+    assert condition(obj, "Ready")["status"] == "True" and condition(obj, "Available")["status"] == "False"
     assert condition(obj, "Progressing")["status"] == "True" and obj["status"]["phase"] == "Updating"
     kubelet.hold = False
-    wait_for_api(ready_at(api, ns, "chat", 2), 60, "Ready=True at generation 2")
+    wait_for_api(available_at(api, ns, "chat", 2), 60, "Available=True at generation 2")
     wait_for_api(lambda: len(pods(api, ns, "chat")) == 1, 30, "the old pod removed")
     new_hash = api.apps.read_namespaced_deployment("chat", ns).metadata.annotations[LABEL_HASH]
     assert new_hash != first_hash
@@ -93,9 +107,19 @@ def test_lifecycle_create_ready_update_scale_delete(api: Api, namespace: str, op
     wait_for_api(
         lambda: get_isvc(api, ns, "chat")["status"].get("readyReplicas") == 2, 60, "2 ready replicas"
     )
-    obj = wait_for_api(ready_at(api, ns, "chat", 3), 30, "Ready at generation 3")
-    scale = api.custom.get_namespaced_custom_object_scale(GROUP, VERSION, ns, PLURAL, "chat")
-    assert scale["status"]["replicas"] == 2 and scale["status"]["selector"] == obj["status"]["selector"]
+    obj = wait_for_api(available_at(api, ns, "chat", 3), 30, "Available at generation 3")
+    scale = wait_for_api(
+        lambda: (
+            (s := api.custom.get_namespaced_custom_object_scale(GROUP, VERSION, ns, PLURAL, "chat"))[
+                "status"
+            ]["replicas"]
+            == 2
+            and s
+        ),
+        30,
+        "the scale subresource at 2",
+    )
+    assert scale["status"]["selector"] == obj["status"]["selector"]
     assert len([rs for rs in replica_sets(api, ns, "chat") if rs.spec.replicas]) == 1
 
     # Deletion is garbage collection: every child goes with its owner, no finalizer holds it.
@@ -142,14 +166,16 @@ def children_uids(api: Api, ns: str, name: str) -> dict:
     }
 
 
-def test_operator_restart_creates_no_duplicates(api: Api, namespace: str, kubelet) -> None:
+def test_operator_restart_creates_no_duplicates(
+    api: Api, namespace: str, kubelet, operator_kubeconfig
+) -> None:
     ns = namespace
-    with running_operator(ns):
+    with running_operator(ns, operator_kubeconfig):
         create_isvc(api, ns, "stable", {"resources": {"gpus": 0}})
         wait_for_api(ready_at(api, ns, "stable", 1), 60, "Ready before the restart")
     before = children_uids(api, ns, "stable")
     transition = condition(get_isvc(api, ns, "stable"), "Ready")["lastTransitionTime"]
-    with running_operator(ns):
+    with running_operator(ns, operator_kubeconfig):
         patch_isvc_spec(api, ns, "stable", {"service": {"annotations": {"team": "ml"}}})  # touches no pod
         wait_for_api(
             lambda: api.core.read_namespaced_service("stable", ns).metadata.annotations, 30, "annotation"
@@ -207,8 +233,66 @@ def test_autoscaler_owns_replicas_and_deleted_children_return(
         lambda: get_isvc(api, ns, "elastic")["status"].get("readyReplicas") == 2, 60, "2 ready replicas"
     )
     patch_isvc_spec(api, ns, "elastic", {"runtime": {"dtype": "float32"}})  # a reconcile that rolls the pods
-    wait_for_api(ready_at(api, ns, "elastic", 2), 90, "Ready at generation 2")
+    wait_for_api(available_at(api, ns, "elastic", 2), 90, "Available at generation 2")
     assert api.apps.read_namespaced_deployment("elastic", ns).spec.replicas == 2  # not reset by our apply
 
     api.core.delete_namespaced_service("elastic", ns, _preload_content=False)  # 1.20 answers a Status
     wait_for_api(lambda: api.core.read_namespaced_service("elastic", ns), 30, "the Service recreated")
+
+
+def test_autoscaled_service_deletes_without_the_operator(
+    api: Api, namespace: str, kubelet, operator_kubeconfig
+) -> None:
+    """The autoscaler's loop carries no finalizer: `kubectl delete` after the operator is gone completes."""
+    ns = namespace
+    spec = {"resources": {"gpus": 0}, "autoscaling": {"mode": "operator", "minReplicas": 1, "maxReplicas": 2}}
+    with running_operator(ns, operator_kubeconfig):
+        create_isvc(api, ns, "orphaned", spec)
+        wait_for_api(ready_at(api, ns, "orphaned", 1), 60, "Ready with its autoscaler running")
+        assert not get_isvc(api, ns, "orphaned")["metadata"].get("finalizers")
+    api.custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "orphaned")
+    wait_for_api(
+        lambda: not api.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"],
+        30,
+        "the InferenceService deleted with no operator running",
+    )
+
+
+def test_a_deployment_that_cannot_create_pods_degrades(api: Api, namespace: str, operator) -> None:
+    """A missing PriorityClass: the Deployment's ReplicaFailure reaches Degraded with its message."""
+    ns = namespace
+    create_isvc(api, ns, "urgent", {"resources": {"gpus": 0}, "scheduling": {"priorityClassName": "nope"}})
+
+    def degraded():
+        c = condition(get_isvc(api, ns, "urgent"), "Degraded")
+        return c if c.get("status") == "True" else None
+
+    c = wait_for_api(degraded, 60, "Degraded=True for the missing PriorityClass")
+    assert c["reason"] == "ReplicaFailure" and "no PriorityClass with name nope" in c["message"]
+    assert get_isvc(api, ns, "urgent")["status"]["phase"] == "Degraded"
+
+
+@pytest.mark.parametrize("when_deleted", ["Retain", "Delete"])
+def test_model_cache_claim_retention(api: Api, namespace: str, operator, when_deleted: str) -> None:
+    """spec.modelCache.whenDeleted: Retain (the default) keeps the claim, and its download, when the service
+    is deleted; Delete hands it to garbage collection. (The test controller-manager runs no pvc-protection
+    controller, so a deleted claim keeps its kubernetes.io/pvc-protection finalizer: marked for deletion.)"""
+    ns = namespace
+    cache = {"size": "1Gi"} if when_deleted == "Retain" else {"size": "1Gi", "whenDeleted": "Delete"}
+    create_isvc(api, ns, "cached", {"model": {"source": "hf://org/smol"}, "modelCache": cache})
+    claim = wait_for_api(
+        lambda: api.core.read_namespaced_persistent_volume_claim("cached-model-cache", ns), 30, "the claim"
+    )
+    assert bool(claim.metadata.owner_references) == (when_deleted == "Delete")
+    api.custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, "cached")
+    wait_for_api(lambda: not api.apps.list_namespaced_deployment(ns).items, 60, "the Deployment collected")
+
+    def claim_state() -> str:
+        c = api.core.read_namespaced_persistent_volume_claim("cached-model-cache", ns)
+        return "deleting" if c.metadata.deletion_timestamp else "kept"
+
+    if when_deleted == "Delete":
+        assert wait_for_api(lambda: claim_state() == "deleting", 60, "the claim deleted") is True
+    else:
+        time.sleep(3)  # garbage collection removed the Deployment; it had a few seconds for the claim too
+        assert claim_state() == "kept"

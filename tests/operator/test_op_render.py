@@ -84,6 +84,9 @@ def test_children_properties(case: str) -> None:
     kinds = by_kind(children)
     assert len(kinds["Deployment"]) == 1 and len(kinds["Service"]) == 2
     for child in children:
+        if child["kind"] == "PersistentVolumeClaim":  # a model cache is kept by default (whenDeleted: Retain)
+            assert "ownerReferences" not in child["metadata"]
+            continue
         owner = child["metadata"]["ownerReferences"]
         assert owner == [
             {
@@ -146,6 +149,12 @@ def test_model_sources_map_to_volumes_and_download_steps() -> None:
     )
     claim = by_kind(cached)["PersistentVolumeClaim"][0]
     assert claim["metadata"]["name"] == "demo-model-cache"
+    assert "ownerReferences" not in claim["metadata"]  # Retain (the default): garbage collection keeps it
+    deleted_with = render(
+        {"model": {"source": "hf://a/b"}, "modelCache": {"size": "1Gi", "whenDeleted": "Delete"}}
+    )
+    owners = by_kind(deleted_with)["PersistentVolumeClaim"][0]["metadata"]["ownerReferences"]
+    assert [o["kind"] for o in owners] == ["InferenceService"] and owners[0]["controller"]
     assert claim["spec"] == {
         "accessModes": ["ReadWriteOnce"],
         "resources": {"requests": {"storage": "40Gi"}},
@@ -266,8 +275,8 @@ def test_traces_endpoint_reaches_the_server_env_unless_the_spec_sets_it() -> Non
 def test_autoscaler_objects_are_appended(monkeypatch) -> None:
     seen = []
 
-    def autoscaler_objects(body: dict) -> list[dict]:
-        seen.append(body["metadata"]["name"])
+    def autoscaler_objects(body: dict, hpa_api_version: str) -> list[dict]:
+        seen.append((body["metadata"]["name"], hpa_api_version))
         return [
             {
                 "apiVersion": "autoscaling/v2",
@@ -278,7 +287,7 @@ def test_autoscaler_objects_are_appended(monkeypatch) -> None:
 
     monkeypatch.setattr("skiff_operator.render.autoscaler_objects", autoscaler_objects)
     children = render({"autoscaling": {"mode": "hpa", "minReplicas": 1}})
-    assert seen == ["demo"] and children[-1]["kind"] == "HorizontalPodAutoscaler"
+    assert seen == [("demo", "autoscaling/v2")] and children[-1]["kind"] == "HorizontalPodAutoscaler"
 
 
 def test_golden_qwen3_8b() -> None:

@@ -67,7 +67,7 @@ def test_no_deployment_yet() -> None:
         and status["selector"] == "skiff.dev/inferenceservice=demo,skiff.dev/role=main"
     )
     assert status["url"] == "http://demo.ml.svc.cluster.local/v1" and status["servedModel"] == "demo"
-    assert [e.reason for e in events] == ["NotReady", "ModelReady"]
+    assert [(e.type, e.reason) for e in events] == [("Normal", "ModelReady")]  # a normal start: no Warning
 
 
 def test_ready_only_with_current_generation_pods() -> None:
@@ -77,17 +77,75 @@ def test_ready_only_with_current_generation_pods() -> None:
     status, _ = run(body, dep, [pod(digest, True, "a"), pod(digest, True, "b")])
     c = conds(status)
     assert c["Ready"]["status"] == "True" and c["Ready"]["observedGeneration"] == 4
-    assert c["WorkloadReady"]["reason"] == "AllReplicasReady" and c["Progressing"]["status"] == "False"
-    assert status["phase"] == "Ready" and status["readyReplicas"] == 2
+    assert c["Available"]["reason"] == "AllReplicasReady" and c["Progressing"]["status"] == "False"
+    assert status["phase"] == "Ready" and status["readyReplicas"] == 2 and status["desiredReplicas"] == 2
+    assert c["Ready"]["message"] == "2 replicas ready"
 
     old = [pod("old-template", True, "a"), pod("old-template", True, "b")]  # ready, but an older spec
     status, _ = run(body, observed_dep(body, ready=2, updated=0, total=3), old)
     c = conds(status)
-    assert c["Ready"]["status"] == "False" and c["Progressing"]["status"] == "True"
-    assert status["phase"] == "Updating"
+    # still serving on the old template: Ready, not Available, Progressing
+    assert c["Ready"]["status"] == "True" and c["Available"]["status"] == "False"
+    assert c["Progressing"]["status"] == "True" and status["phase"] == "Updating"
 
-    status, _ = run(body, observed_dep(body, ready=2, synced=False), [pod(digest, True)])
-    assert conds(status)["WorkloadReady"]["reason"] == "RolloutPending"
+
+def test_a_scale_is_no_rollout_and_keeps_ready() -> None:
+    """1 -> 3 while one pod serves: Ready stays True (no Warning), Progressing says Scaling; the Deployment's
+    generation moving ahead of its observedGeneration (what a scale does) is no RolloutPending."""
+    body = isvc({"replicas": 1})
+    digest = desired(body)["metadata"]["annotations"][LABEL_HASH]
+    serving, _ = run(body, observed_dep(body, ready=1), [pod(digest, True, "a")])
+    assert conds(serving)["Ready"]["message"] == "1 replica ready"
+    body = isvc({"replicas": 3}, generation=2, status=serving)
+    dep = observed_dep(body, ready=1, synced=False)
+    pods = [pod(digest, True, "a"), pod(digest, False, "b"), pod(digest, False, "c")]
+    status, events = run(body, dep, pods, now=LATER)
+    c = conds(status)
+    assert c["Ready"]["status"] == "True" and c["Ready"]["lastTransitionTime"] == NOW
+    assert c["Progressing"]["reason"] == "Scaling" and c["Available"]["message"].startswith("1/3 replicas")
+    assert [(e.type, e.reason) for e in events] == [("Normal", "Scaling")]
+    assert status["desiredReplicas"] == 3 and status["phase"] == "Updating"
+
+
+def pod_condition(name: str, **cond: str) -> dict:
+    p = pod("x", False, name)
+    p["status"]["conditions"].append(cond)
+    return p
+
+
+def test_child_failures_surface_in_degraded_with_their_cause() -> None:
+    body = isvc()
+    digest = desired(body)["metadata"]["annotations"][LABEL_HASH]
+    dep = observed_dep(body, ready=0)
+    failure = 'pods "demo-1" is forbidden: no PriorityClass with name urgent was found'
+    dep["status"]["conditions"] = [
+        {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": failure}
+    ]
+    status, events = run(body, dep, [])
+    c = conds(status)
+    assert (c["Degraded"]["status"], c["Degraded"]["reason"]) == ("True", "ReplicaFailure")
+    assert "no PriorityClass with name urgent" in c["Degraded"]["message"]
+    assert c["Ready"]["status"] == "False" and status["phase"] == "Degraded"
+    assert ("Warning", "ReplicaFailure") in [(e.type, e.reason) for e in events]
+
+    def degraded(p: dict) -> tuple[str, str]:
+        p["metadata"]["labels"] = {LABEL_HASH: digest}
+        d = conds(run(body, observed_dep(body, ready=0), [p])[0])["Degraded"]
+        return d["reason"], d["message"]
+
+    gpus = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+    unschedulable = pod_condition(
+        "g", type="PodScheduled", status="False", reason="Unschedulable", message=gpus
+    )
+    assert degraded(unschedulable) == ("Unschedulable", f"g: {gpus}")
+    unbound = "0/1 nodes are available: 1 pod has unbound immediate PersistentVolumeClaims."
+    claim = pod_condition("v", type="PodScheduled", status="False", reason="Unschedulable", message=unbound)
+    assert degraded(claim) == ("VolumeNotBound", f"v: {unbound}")
+    pull = pod("x", False, "i")
+    pull["status"]["containerStatuses"] = [
+        {"name": "server", "state": {"waiting": {"reason": "ImagePullBackOff", "message": "no such image"}}}
+    ]
+    assert degraded(pull) == ("ImagePullFailed", "i: server: ImagePullBackOff no such image")
 
 
 def test_model_failure_degrades_with_the_download_message_and_recovers() -> None:
@@ -149,5 +207,8 @@ def test_scaled_to_zero_and_autoscaled_replicas() -> None:
     dep["status"].update(replicas=0, updatedReplicas=0)
     status, _ = run(body, dep, [])
     c = conds(status)
-    assert c["Ready"]["reason"] == "ScaledToZero" and status["phase"] == "Idle"
+    # the router wakes it on a request: it can serve
+    assert (c["Ready"]["status"], c["Ready"]["reason"]) == ("True", "ScaledToZero") and status[
+        "phase"
+    ] == "Idle"
     assert c["Degraded"]["status"] == "False"

@@ -164,4 +164,4 @@ def status_patch(outcome: Outcome, metric: str, previous: dict[str, Any] | None)
     }
     last_scale = (previous or {}).get("lastScaleTime")
     out["lastScaleTime"] = _now_iso() if outcome.changed else last_scale
-    return {k: v for k, v in out.items() if v is not None}
+    return {k: v for k, v in out.items() if v not in (None, "")}  # 1.20 reads "" in a merge patch as null

@@ -1,7 +1,7 @@
 """`mode: hpa` and `mode: keda`: the autoscaler objects that target the InferenceService's scale subresource.
 
 Called by the operator's desired-children function (`autoscaler_objects`); `mode: operator` renders nothing
-(the operator's own timer scales, see handlers.py).
+(the operator's own loop scales, see handlers.py).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def _behavior(a: Any) -> dict[str, Any]:
     }
 
 
-def hpa(isvc: dict[str, Any]) -> dict[str, Any]:
+def hpa(isvc: dict[str, Any], api_version: str = "autoscaling/v2") -> dict[str, Any]:
     spec = parse_spec(isvc.get("spec"))
     a = spec.autoscaling
     signal = SIGNALS[a.metric]
@@ -57,7 +57,7 @@ def hpa(isvc: dict[str, Any]) -> dict[str, Any]:
             "external": {"metric": {"name": signal.adapter_name, "selector": selector}, "target": target},
         }
     return {
-        "apiVersion": "autoscaling/v2",
+        "apiVersion": api_version,  # autoscaling/v2beta2 (the same fields) on clusters older than 1.23
         "kind": "HorizontalPodAutoscaler",
         "metadata": child_metadata(isvc, isvc["metadata"]["name"]),
         "spec": {
@@ -117,9 +117,9 @@ def scaled_object(isvc: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def autoscaler_objects(isvc: dict[str, Any]) -> list[dict[str, Any]]:
+def autoscaler_objects(isvc: dict[str, Any], hpa_api_version: str = "autoscaling/v2") -> list[dict[str, Any]]:
     """The HPA or ScaledObject an InferenceService's `spec.autoscaling.mode` asks for (none for `operator`)."""
     spec = parse_spec(isvc.get("spec"))
     if spec.autoscaling is None or spec.autoscaling.mode == "operator":
         return []
-    return [hpa(isvc)] if spec.autoscaling.mode == "hpa" else [scaled_object(isvc)]
+    return [hpa(isvc, hpa_api_version)] if spec.autoscaling.mode == "hpa" else [scaled_object(isvc)]

@@ -1,0 +1,121 @@
+"""Every API call the operator makes, as RBAC permissions: the one source of its Role/ClusterRole.
+
+scripts/render_manifests.py writes charts/skiff/templates/_rbac_operator.tpl from `OPERATOR_PERMISSIONS`
+(the chart's cluster-wide and namespaced variants include it, manifests/install.yaml is the chart
+rendered), and the delivery tests compare both with this table. A new API call means a new row here;
+nothing else grants the operator anything. The router's rules are its own (charts/skiff/templates/
+_rbac_rules.tpl).
+
+Scopes: `namespaced` rows go into a Role in every watched namespace (or the ClusterRole when the operator
+watches all of them); `cluster` rows are cluster-scoped reads kopf makes even when namespaced; `clusterwide`
+rows only matter to an operator that watches every namespace."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Scope = Literal["namespaced", "cluster", "clusterwide"]
+SCOPES: tuple[Scope, ...] = ("namespaced", "cluster", "clusterwide")
+VERB_ORDER = ("get", "list", "watch", "create", "update", "patch", "delete")
+# Server-side apply is a PATCH that creates the object when it is missing: it needs both verbs.
+APPLY = ("create", "patch")
+
+
+@dataclass(frozen=True)
+class Permission:
+    group: str  # "" is the core API group
+    resource: str  # "deployments", or "deployments/scale" for a subresource
+    verbs: tuple[str, ...]
+    why: str
+    scope: Scope = "namespaced"
+
+    def __post_init__(self) -> None:
+        unknown = set(self.verbs) - set(VERB_ORDER)
+        if unknown:
+            raise ValueError(f"{self.resource}: unknown verbs {sorted(unknown)}")
+
+    @property
+    def base_resource(self) -> str:
+        return self.resource.partition("/")[0]
+
+    @property
+    def subresource(self) -> str | None:
+        return self.resource.partition("/")[2] or None
+
+    def rule(self) -> dict[str, Any]:
+        verbs = sorted(set(self.verbs), key=VERB_ORDER.index)
+        return {"apiGroups": [self.group], "resources": [self.resource], "verbs": verbs}
+
+
+def _p(
+    group: str, resource: str, verbs: tuple[str, ...], why: str, scope: Scope = "namespaced"
+) -> Permission:
+    return Permission(group, resource, verbs, why, scope)
+
+
+OPERATOR_PERMISSIONS: tuple[Permission, ...] = (
+    _p("skiff.dev", "inferenceservices", ("get", "list", "watch", "patch"), "watch; kopf's annotations"),
+    _p("skiff.dev", "inferenceservices/status", ("patch",), "conditions, replicas, autoscaling decisions"),
+    _p("skiff.dev", "inferenceservices/scale", ("patch",), "the autoscaler's decisions (mode: operator)"),
+    _p("skiff.dev", "inferenceservices/finalizers", ("update",), "owner references with blockOwnerDeletion"),
+    _p("apps", "deployments", ("get", "list", "watch", *APPLY), "the model Deployment (never deleted)"),
+    _p("apps", "deployments/scale", ("get", "patch"), "Deployment replicas follow spec.replicas"),
+    _p("", "services", ("list", "watch", *APPLY, "delete"), "the model Services; pruned"),
+    _p("", "pods", ("list", "watch"), "status from the pods' conditions and container states"),
+    _p(
+        "",
+        "persistentvolumeclaims",
+        ("list", *APPLY, "delete"),
+        "model caches (spec.modelCache.size); pruned",
+    ),
+    _p("policy", "poddisruptionbudgets", ("list", *APPLY, "delete"), "spec.disruptionBudget; pruned"),
+    _p("autoscaling", "horizontalpodautoscalers", ("list", *APPLY, "delete"), "mode: hpa; users' HPAs"),
+    _p("keda.sh", "scaledobjects", ("list", *APPLY, "delete"), "mode: keda; users' ScaledObjects"),
+    _p("", "secrets", ("get", *APPLY, "delete"), "internal API keys, by name; never listed"),
+    _p("networking.k8s.io", "networkpolicies", ("list", *APPLY, "delete"), "--network-policy; pruned"),
+    _p("", "events", ("create",), "Events on InferenceServices"),
+    _p("kopf.dev", "kopfpeerings", ("get", "list", "watch", "patch"), "kopf peering (one active replica)"),
+    _p("", "namespaces", ("get", "list", "watch"), "kopf matches namespace patterns", "cluster"),
+    _p(
+        "apiextensions.k8s.io",
+        "customresourcedefinitions",
+        ("get", "list", "watch"),
+        "kopf notices the resources it serves",
+        "cluster",
+    ),
+    _p("kopf.dev", "clusterkopfpeerings", ("get", "list", "watch", "patch"), "peering", "clusterwide"),
+)
+
+
+def rules(scope: Scope, permissions: tuple[Permission, ...] = OPERATOR_PERMISSIONS) -> list[dict[str, Any]]:
+    """The RBAC rules of one scope, one rule per permission, in declaration order."""
+    return [p.rule() for p in permissions if p.scope == scope]
+
+
+TEMPLATE_NAMES: dict[Scope, str] = {
+    "namespaced": "skiff.operatorRules",
+    "cluster": "skiff.operatorClusterRules",
+    "clusterwide": "skiff.operatorClusterWideRules",
+}
+
+
+def chart_template(permissions: tuple[Permission, ...] = OPERATOR_PERMISSIONS) -> str:
+    """charts/skiff/templates/_rbac_operator.tpl: one named template per scope."""
+    out = [
+        "{{/* Generated by scripts/render_manifests.py from operator/skiff_operator/rbac.py. Do not edit:"
+        " add a Permission there and run the script. */}}"
+    ]
+    for scope in SCOPES:
+        out.append(f'{{{{- define "{TEMPLATE_NAMES[scope]}" -}}}}')
+        for p in permissions:
+            if p.scope != scope:
+                continue
+            rule = p.rule()
+            out.append(f"# {p.why}")
+            out.append(f"- apiGroups: {json.dumps(rule['apiGroups'])}")
+            out.append(f"  resources: {json.dumps(rule['resources'])}")
+            out.append(f"  verbs: {json.dumps(rule['verbs'])}")
+        out.append("{{- end }}")
+    return "\n".join(out) + "\n"
