@@ -41,6 +41,16 @@ wait_for() {  # WHAT SECONDS CMD...
   done
 }
 kc() { kubectl --kubeconfig "$K" "$@"; }
+clear_containers() {  # every container of the k8s.io namespace: tasks killed, then the records removed
+  local sock="$D/containerd/containerd.sock" pass c
+  for pass in 1 2; do  # a second pass takes what the first could not while its sandbox still ran
+    for c in $(ctr -a "$sock" -n k8s.io containers ls -q 2>/dev/null); do
+      ctr -a "$sock" -n k8s.io tasks kill -s SIGKILL "$c" >/dev/null 2>&1 || true
+      ctr -a "$sock" -n k8s.io tasks delete "$c" >/dev/null 2>&1 || true
+      ctr -a "$sock" -n k8s.io containers delete "$c" >/dev/null 2>&1 || true
+    done
+  done
+}
 
 pki() {
   [[ -s "$D/pki/sa.key" ]] && return 0
@@ -158,6 +168,16 @@ up() {
   start scheduler "$KUBE_BIN/kube-scheduler" --kubeconfig "$D/kubeconfig-sched" --leader-elect=false \
     --port 0 --secure-port 0
   wait_for containerd 30 ctr -a "$D/containerd/containerd.sock" version
+  # Containers left by a run that ended without `down` make the kubelet exit at start ("no PodSandbox found
+  # with Id ..."): remove them, then restart containerd so its CRI plugin forgets them too.
+  if ctr -a "$D/containerd/containerd.sock" -n k8s.io containers ls -q 2>/dev/null | grep -q .; then
+    clear_containers
+    kill "$(cat "$(pidfile containerd)")"
+    local w0=$SECONDS
+    while alive containerd && ((SECONDS - w0 < 20)); do sleep 0.5; done
+    start containerd containerd --config "$D/containerd/config.toml"
+    wait_for containerd 30 ctr -a "$D/containerd/containerd.sock" version
+  fi
   import_images
   start kubelet "$KUBE_BIN/kubelet" --kubeconfig "$D/kubeconfig-kubelet" --container-runtime remote \
     --container-runtime-endpoint "unix://$D/containerd/containerd.sock" --runtime-request-timeout 5m \
@@ -196,14 +216,7 @@ down() {
   done
   sleep 1
   # Sandboxes the kubelet did not get to: stop their tasks, then containerd and etcd.
-  if alive containerd; then
-    local sock="$D/containerd/containerd.sock"
-    for c in $(ctr -a "$sock" -n k8s.io containers ls -q 2>/dev/null); do
-      ctr -a "$sock" -n k8s.io tasks kill -s SIGKILL "$c" >/dev/null 2>&1 || true
-      ctr -a "$sock" -n k8s.io tasks delete "$c" >/dev/null 2>&1 || true
-      ctr -a "$sock" -n k8s.io containers delete "$c" >/dev/null 2>&1 || true
-    done
-  fi
+  alive containerd && clear_containers
   for name in containerd etcd; do
     alive "$name" && kill "$(cat "$(pidfile "$name")")"
   done
