@@ -386,8 +386,10 @@ void run_tile(const uint8_t* codes, const S* d, const S* m, const Acts& a, int64
   else s8_tile<S, SUBS, R>(gc, d + g * a.kbs * SUBS * kRows, a, r0, out, ldo);
 }
 
+// pairs: code rows (2r, 2r+1) are the two terms of x's row r, summed into y's row r.
 template <typename S, int SUBS, bool U4>
-void gemm(const uint8_t* codes, const S* d, const S* m, const Acts& a, int64_t rows, int64_t n, float* y) {
+void gemm(const uint8_t* codes, const S* d, const S* m, const Acts& a, int64_t rows, int64_t n, float* y,
+          bool pairs) {
   const int64_t groups = (n + kRows - 1) / kRows;
   const int64_t grain = std::max<int64_t>(1, 256 / (rows * a.kbs));  // >= ~256 block dots per task
   at::parallel_for(0, groups, grain, [&](int64_t lo, int64_t hi) {
@@ -395,20 +397,27 @@ void gemm(const uint8_t* codes, const S* d, const S* m, const Acts& a, int64_t r
     for (int64_t m0 = 0; m0 < rows; m0 += kTileM) {
       const int64_t m1 = std::min(rows, m0 + kTileM);
       for (int64_t g = lo; g < hi; ++g) {
-        const bool partial = (g + 1) * kRows > n;
+        const int64_t cols = std::min(kRows, n - g * kRows);
+        const bool direct = !pairs && cols == kRows;
         for (int64_t r = m0; r < m1; r += 4) {
           const int64_t nr = std::min<int64_t>(4, m1 - r);
-          float* out = partial ? scratch : y + r * n + g * kRows;
-          const int64_t ldo = partial ? kRows : n;
+          float* out = direct ? y + r * n + g * kRows : scratch;
+          const int64_t ldo = direct ? n : kRows;
           switch (nr) {
             case 4: run_tile<S, SUBS, U4, 4>(codes, d, m, a, g, r, out, ldo); break;
             case 3: run_tile<S, SUBS, U4, 3>(codes, d, m, a, g, r, out, ldo); break;
             case 2: run_tile<S, SUBS, U4, 2>(codes, d, m, a, g, r, out, ldo); break;
             default: run_tile<S, SUBS, U4, 1>(codes, d, m, a, g, r, out, ldo); break;
           }
-          if (partial)
+          if (direct) continue;
+          if (pairs) {
+            for (int64_t rr = 0; rr < nr; rr += 2)
+              for (int64_t j = 0; j < cols; ++j)
+                y[(r + rr) / 2 * n + g * kRows + j] = scratch[rr * kRows + j] + scratch[(rr + 1) * kRows + j];
+          } else {
             for (int64_t rr = 0; rr < nr; ++rr)
-              for (int64_t j = 0; j < n - g * kRows; ++j) y[(r + rr) * n + g * kRows + j] = scratch[rr * kRows + j];
+              for (int64_t j = 0; j < cols; ++j) y[(r + rr) * n + g * kRows + j] = scratch[rr * kRows + j];
+          }
         }
       }
     }
@@ -440,38 +449,38 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
   at::Tensor y = at::empty({m, n}, x.options());
   if (m == 0) return y;
   const int64_t rows = precise ? 2 * m : m;
-  at::Tensor xq = at::empty({rows, k}, x.options().dtype(at::kChar));
-  at::Tensor xs = at::empty({2, rows, kbs}, x.options());
+  // the activation codes live in the calling thread's scratch (workers write through its pointers): no
+  // allocator calls per linear beyond y
+  thread_local std::vector<int8_t> xq;
+  thread_local std::vector<float> xs;
+  xq.resize(rows * k);
+  xs.resize(2 * rows * kbs);
   const float* xp = x.data_ptr<float>();
   const int64_t ldx = x.stride(0);
-  int8_t* qp = xq.data_ptr<int8_t>();
-  float* sp = xs.data_ptr<float>();
+  int8_t* qp = xq.data();
+  float* sp = xs.data();
   float* sums = sp + rows * kbs;
   at::parallel_for(0, m, 64, [&](int64_t lo, int64_t hi) {
     std::vector<float> tmp(precise ? k : 0);
     for (int64_t r = lo; r < hi; ++r) {
-      if (precise) quantize_row_split(xp + r * ldx, k, qp + 2 * r * k, sp + 2 * r * kbs, sums + 2 * r * kbs, kbs, tmp.data());
-      else quantize_row(xp + r * ldx, k, qp + r * k, sp + r * kbs, sums + r * kbs);
+      if (precise)
+        quantize_row_split(xp + r * ldx, k, qp + 2 * r * k, sp + 2 * r * kbs, sums + 2 * r * kbs, kbs, tmp.data());
+      else
+        quantize_row(xp + r * ldx, k, qp + r * k, sp + r * kbs, sums + r * kbs);
     }
   });
   const Acts a{qp, sp, sums, k, kbs};
-  at::Tensor y2 = precise ? at::empty({rows, n}, x.options()) : y;
   const auto* cp = codes.data_ptr<uint8_t>();
-  float* yp = y2.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
   if (f.unsigned4 && f.f16_scales) {
     const auto* d = reinterpret_cast<const uint16_t*>(scales.data_ptr());
-    gemm<uint16_t, 1, true>(cp, d, reinterpret_cast<const uint16_t*>(offsets.data_ptr()), a, rows, n, yp);
+    gemm<uint16_t, 1, true>(cp, d, reinterpret_cast<const uint16_t*>(offsets.data_ptr()), a, rows, n, yp, precise);
   } else if (f.unsigned4) {
-    gemm<float, 1, true>(cp, scales.data_ptr<float>(), offsets.data_ptr<float>(), a, rows, n, yp);
+    gemm<float, 1, true>(cp, scales.data_ptr<float>(), offsets.data_ptr<float>(), a, rows, n, yp, precise);
   } else if (f.f16_scales) {
-    gemm<uint16_t, 1, false>(cp, reinterpret_cast<const uint16_t*>(scales.data_ptr()), nullptr, a, rows, n, yp);
+    gemm<uint16_t, 1, false>(cp, reinterpret_cast<const uint16_t*>(scales.data_ptr()), nullptr, a, rows, n, yp, precise);
   } else {
-    gemm<float, 2, false>(cp, scales.data_ptr<float>(), nullptr, a, rows, n, yp);
-  }
-  if (precise) {
-    float* out = y.data_ptr<float>();
-    for (int64_t r = 0; r < m; ++r)
-      for (int64_t j = 0; j < n; ++j) out[r * n + j] = yp[2 * r * n + j] + yp[(2 * r + 1) * n + j];
+    gemm<float, 2, false>(cp, scales.data_ptr<float>(), nullptr, a, rows, n, yp, precise);
   }
   if (bias.has_value()) y.add_(*bias);
   return y;

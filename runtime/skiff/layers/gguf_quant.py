@@ -108,8 +108,20 @@ class GGUFLinear:
         raw = torch.from_numpy(np.ascontiguousarray(weight.raw))
         self.codes, self.scales, self.offsets = cpu_kernels.ops().gguf_pack(raw, self.qtype, self.in_features)
         self.bias = None if bias is None else bias.detach().float().contiguous()
+        self._op = cpu_kernels.ops().gguf_linear
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2 and x.stride(1) == 1:  # the model's case: no reshape ops (~9 us each here)
+            return self._op(
+                x,
+                self.codes,
+                self.scales,
+                self.offsets,
+                self.qtype,
+                self.out_features,
+                self.bias,
+                self.precise,
+            )
         rows = x.reshape(-1, x.shape[-1])
         if rows.stride(-1) != 1:
             rows = rows.contiguous()
