@@ -1,6 +1,6 @@
 """Skiff's CPU kernels (fused fp32 ops in cpu_kernels.cpp, the int8 linear in cpu_int8.cpp, linears on GGUF
-blocks in cpu_gguf.cpp), compiled on first
-use into one library and loaded as `torch.ops.skiff_cpu`.
+blocks in cpu_gguf.cpp, paged decode attention), compiled on first use into one library and loaded as
+`torch.ops.skiff_cpu`.
 
 The library is built with the machine's C++ compiler against the installed torch (about 10 s, once) and
 cached under the Skiff cache directory, keyed by the source, the torch version and the CPU's flags

@@ -105,7 +105,7 @@ class GGUFLinear:
             raise ValueError("the GGUF kernels need Skiff's CPU kernels, which could not be built here")
         self.qtype = int(weight.qtype)
         self.out_features, self.in_features = weight.shape
-        raw = torch.from_numpy(np.ascontiguousarray(weight.raw))
+        raw = torch.from_numpy(np.require(weight.raw, requirements=["C", "W"]))  # a memmap is read-only
         self.codes, self.scales, self.offsets = cpu_kernels.ops().gguf_pack(raw, self.qtype, self.in_features)
         self.bias = None if bias is None else bias.detach().float().contiguous()
         self._op = cpu_kernels.ops().gguf_linear

@@ -249,7 +249,7 @@ def gguf_as_hf_dir(path: Path, cache_root: Path, native: bool = False) -> Path |
         for name, w in _iter_gguf(path, cfg, native=native):
             if isinstance(w, GGUFWeight):
                 types[name] = [int(w.qtype), w.cols]
-                w = torch.from_numpy(np.ascontiguousarray(w.raw))
+                w = torch.from_numpy(np.require(w.raw, requirements=["C", "W"]))
             tensors[name] = w
         save_file(tensors, str(tmp / "model.safetensors"), metadata={_GGUF_TYPES_KEY: json.dumps(types)})
         (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
