@@ -8,16 +8,21 @@ import threading
 import time
 from typing import Any
 
+from support.pod_faults import Fault
+
 
 class FakeKubelet(threading.Thread):
     """Plays the node for pods of the test namespace: runs each init container's command as a local process
     (the model-download step is real: `skiff download` checks the source) and records its exit code and
-    message the way the kubelet does; then marks the pod Running and Ready, unless `hold` is set."""
+    message the way the kubelet does; then marks the pod Running and Ready, unless `hold` is set. With a
+    `fault` (support.pod_faults), it writes the status that fault leaves instead, as a scheduler or kubelet
+    would."""
 
     def __init__(self, core: Any, namespace: str) -> None:
         super().__init__(daemon=True)
         self.core, self.namespace = core, namespace
         self.hold = False
+        self.fault: Fault | None = None
         self.stop_event = threading.Event()
         self.done: set[str] = set()  # uids of pods already handled
         self.ip = 10
@@ -37,7 +42,10 @@ class FakeKubelet(threading.Thread):
             if uid in self.done or pod.metadata.deletion_timestamp or self.hold:
                 continue
             self.done.add(uid)
-            self._start(pod)
+            if self.fault is not None:
+                self._patch(pod, self.fault(pod))
+            else:
+                self._start(pod)
 
     def _start(self, pod: Any) -> None:
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
