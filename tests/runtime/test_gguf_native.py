@@ -1,4 +1,4 @@
-"""The embedded model on its own Q4_1/Q8_0 blocks (the default) against the same blocks dequantized to fp32."""
+"""The embedded model on its own Q4_1/Q8_0 blocks (`quantization="auto"`) against the same blocks, dequantized."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ PROMPTS, TOKENS = 16, 64
 
 @pytest.fixture(scope="module")
 def smollm_default():
-    llm = make_llm(None, max_total_tokens=8192)  # no quantization argument: the default path
+    llm = make_llm(None, quantization="auto", max_total_tokens=8192)  # a GGUF on CPU: its own blocks
     yield llm
     llm.shutdown()
 
 
-def test_default_on_a_gguf_is_its_own_blocks(smollm_default, smollm) -> None:
+def test_auto_on_a_gguf_is_its_own_blocks(smollm_default, smollm) -> None:
     assert smollm_default.engine.runner.quantization == "gguf"
     assert smollm.engine.runner.quantization is None  # quantization="none": the fp32 reference
     cpu, fp32 = torch.device("cpu"), torch.float32
