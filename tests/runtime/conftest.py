@@ -66,8 +66,8 @@ def embedded_path() -> Path:
 
 @pytest.fixture(scope="session")
 def smollm():
-    """Skiff on the embedded SmolLM2-135M-Instruct, fp32, default radix cache."""
-    llm = make_llm(None, max_total_tokens=16384)
+    """Skiff on the embedded SmolLM2-135M-Instruct dequantized to fp32 (the reference), default radix cache."""
+    llm = make_llm(None, max_total_tokens=16384, quantization="none")
     yield llm
     llm.shutdown()
 

@@ -161,7 +161,8 @@ def test_paged_decode_attention_rejects_a_page_outside_the_pool(k) -> None:
 GREEDY = """
 import json, sys
 from skiff import LLM, SamplingParams
-llm = LLM(model=None, dtype="float32", num_threads=2, max_total_tokens=4096, kv_cache_dtype=sys.argv[1])
+llm = LLM(model=None, dtype="float32", quantization="none", num_threads=2, max_total_tokens=4096,
+          kv_cache_dtype=sys.argv[1])
 prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
 outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
 print(json.dumps([o.token_ids for o in outs]))

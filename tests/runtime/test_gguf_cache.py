@@ -9,7 +9,9 @@ from skiff.loader import checkpoint
 
 
 def test_losing_a_conversion_race_leaves_no_temporary_copy(tmp_path, monkeypatch, embedded_path) -> None:
-    monkeypatch.setattr(checkpoint, "_iter_gguf", lambda path, cfg: iter([("w", torch.zeros(2))]))
+    monkeypatch.setattr(
+        checkpoint, "_iter_gguf", lambda path, cfg, native=False: iter([("w", torch.zeros(2))])
+    )
     real_replace = os.replace
 
     def other_process_first(src, dst):

@@ -7,8 +7,7 @@ import os
 
 from skiff_contract.tracing import ENDPOINT_HELP
 
-from skiff.config import DTYPE_NAMES, LOAD_FORMATS, EngineConfig
-from skiff.layers.quant import QUANTIZATIONS
+from skiff.config import DTYPE_NAMES, LOAD_FORMATS, QUANTIZATION_NAMES, EngineConfig
 from skiff.server.reasoning import REASONING_PARSERS
 from skiff.server.tool_calls import TOOL_PARSERS
 
@@ -36,9 +35,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"])
     g.add_argument(
         "--quantization",
-        default=None,
-        choices=list(QUANTIZATIONS),
-        help="int8: int8 weights and per-token int8 activations on CPU (faster, measurably less exact)",
+        default=d.quantization,
+        choices=QUANTIZATION_NAMES,
+        help="none (default): float weights (a GGUF dequantized to fp32); auto: a GGUF model computes on its "
+        "own quantized blocks on CPU, others on float weights; gguf: require that; int8: int8 weights "
+        "and per-token int8 activations on CPU (faster than fp32, measurably less exact)",
     )
     g.add_argument(
         "--kv-cache-dtype",

@@ -26,7 +26,7 @@ import torch
 from skiff.config import EngineConfig
 from skiff.constrained.masks import GrammarMasks, advance
 from skiff.distributed.parallel import destroy_tensor_parallel
-from skiff.engine.loading import checkpoint_dir, eos_token_ids, load_runner
+from skiff.engine.loading import eos_token_ids, load_runner
 from skiff.engine.plan import StepPlan, StopFollowers, make_plan, plan_to_batch, prompt_plan
 from skiff.engine.request_rules import check_prompt, context_limit, finish_reason
 from skiff.engine.sampler import DeviceSample, HostSample, SampleInputs, sample, sample_device
@@ -80,7 +80,7 @@ class Engine:
         self.runner = load_runner(cfg, 0, dist_port)
         if self.publisher is not None:
             self.publisher.wait_for_followers(self.followers)
-        self.model_path, weights = checkpoint_dir(cfg)
+        self.model_path, weights = self.runner.model_path, self.runner.weights_path
         self.model_config = self.runner.model_cfg
         self.eos_token_ids = eos_token_ids(self.model_config, weights)
         self.max_context_len = context_limit(cfg, self.model_config)

@@ -11,17 +11,23 @@ from skiff.config import EngineConfig
 from skiff.distributed.parallel import init_tensor_parallel
 from skiff.engine.host_memory import retain_freed_heap
 from skiff.engine.model_runner import ModelRunner, resolve_device, resolve_dtype
+from skiff.layers.quant import resolve_quantization
 from skiff.loader import read_config, resolve_model_path
 from skiff.loader.checkpoint import gguf_as_hf_dir
 from skiff.models import ModelConfig
 from skiff.tokenizer import cache_dir
 
 
-def checkpoint_dir(cfg: EngineConfig) -> tuple[Path, Path]:
-    """(original model path, path to load weights from): GGUF files load through a dequantized cache."""
+def is_gguf(path: Path) -> bool:
+    return path.is_file() and path.suffix == ".gguf"
+
+
+def checkpoint_dir(cfg: EngineConfig, native: bool = False) -> tuple[Path, Path]:
+    """(original model path, path to load weights from): GGUF files load through a converted cache
+    (dequantized, or with `native` the blocks Skiff computes on)."""
     path = resolve_model_path(cfg.model)
-    if path.is_file() and path.suffix == ".gguf":
-        return path, gguf_as_hf_dir(path, cache_dir()) or path
+    if is_gguf(path):
+        return path, gguf_as_hf_dir(path, cache_dir(), native=native) or path
     return path, path
 
 
@@ -33,9 +39,14 @@ def load_runner(cfg: EngineConfig, rank: int, dist_port: int | None) -> ModelRun
         torch.set_num_threads(cfg.num_threads or max(1, torch.get_num_threads() // cfg.tp))
         retain_freed_heap()
     init_tensor_parallel(rank, cfg.tp, dist_port or 0, device)
-    _, weights = checkpoint_dir(cfg)
+    dtype = resolve_dtype(cfg, device)
+    gguf = is_gguf(resolve_model_path(cfg.model))
+    quantization = resolve_quantization(cfg.quantization, gguf, device, dtype)
+    model_path, weights = checkpoint_dir(cfg, native=quantization == "gguf")
     raw = read_config(weights)
-    return ModelRunner(cfg, weights, raw, ModelConfig.from_hf(raw), device, resolve_dtype(cfg, device))
+    runner = ModelRunner(cfg, weights, raw, ModelConfig.from_hf(raw), device, dtype, quantization)
+    runner.model_path, runner.weights_path = model_path, weights
+    return runner
 
 
 def eos_token_ids(model_cfg: ModelConfig, weights: Path) -> list[int]:

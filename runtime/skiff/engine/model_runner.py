@@ -15,7 +15,8 @@ from skiff.engine.cuda_graph import DecodeGraphs
 from skiff.engine.forward_batch import ForwardBatch
 from skiff.kernels import cpu as cpu_kernels
 from skiff.kvcache.pool import KVPool
-from skiff.layers.linear import quantize_linears
+from skiff.layers.gguf_quant import GGUFWeight
+from skiff.layers.linear import attach_gguf_kernels, quantize_linears
 from skiff.layers.quant import QUANTIZATIONS, check_supported
 from skiff.loader import iter_tensors, load_weights
 from skiff.loader.dummy import init_dummy_weights
@@ -47,12 +48,15 @@ class ModelRunner:
         model_cfg: ModelConfig,
         device: torch.device,
         dtype: torch.dtype,
+        quantization: str | None = None,
     ) -> None:
         if device.type == "cuda":
             if device.index is None:  # set_device and the CUDA graph pool need an explicit index
                 device = torch.device("cuda", torch.cuda.current_device())
             torch.cuda.set_device(device)
         self.cfg, self.model_cfg, self.device, self.dtype = cfg, model_cfg, device, dtype
+        self.quantization = quantization
+        self.model_path = self.weights_path = path
         with torch.device(device):
             model = build_model(model_cfg)
         cos_sin = model.rotary.cos_sin  # built in fp32: keep that copy, not one rounded through `dtype`
@@ -61,12 +65,18 @@ class ModelRunner:
         if cfg.load_format == "dummy":
             init_dummy_weights(model, cfg.seed, raw_cfg.get("initializer_range", 0.02))
         else:
-            tensors = ((n, t.to(dtype)) for n, t in iter_tensors(path, raw_cfg))
+            native = quantization == "gguf"
+            tensors = (
+                (n, t if isinstance(t, GGUFWeight) else t.to(dtype))
+                for n, t in iter_tensors(path, raw_cfg, native=native)
+            )
             load_weights(model, tensors, model_cfg.tie_word_embeddings)
-        if cfg.quantization is not None:
-            check_supported(cfg.quantization, device, dtype)
-            count = quantize_linears(model, QUANTIZATIONS[cfg.quantization])
-            log.info("%s: quantized %d linear layers", cfg.quantization, count)
+            if native:
+                log.info("gguf: %d linear layers compute on the file's blocks", attach_gguf_kernels(model))
+        if quantization in QUANTIZATIONS:
+            check_supported(quantization, device, dtype)
+            count = quantize_linears(model, QUANTIZATIONS[quantization])
+            log.info("%s: quantized %d linear layers", quantization, count)
         self.model = model.eval()
         if (
             device.type == "cpu" and dtype == torch.float32

@@ -1,5 +1,6 @@
-"""Skiff's CPU kernels (fused fp32 ops in cpu_kernels.cpp, the int8 linear in cpu_int8.cpp), compiled on first
-use into one library and loaded as `torch.ops.skiff_cpu`.
+"""Skiff's CPU kernels (fused fp32 ops in cpu_kernels.cpp, the int8 linear in cpu_int8.cpp, linears on GGUF
+blocks in cpu_gguf.cpp, paged decode attention), compiled on first use into one library and loaded as
+`torch.ops.skiff_cpu`.
 
 The library is built with the machine's C++ compiler against the installed torch (about 10 s, once) and
 cached under the Skiff cache directory, keyed by the source, the torch version and the CPU's flags
@@ -25,7 +26,8 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCES = [
-    Path(__file__).with_name(name) for name in ("cpu_kernels.cpp", "cpu_int8.cpp", "cpu_decode_attention.cpp")
+    Path(__file__).with_name(name)
+    for name in ("cpu_kernels.cpp", "cpu_int8.cpp", "cpu_gguf.cpp", "cpu_decode_attention.cpp")
 ]
 
 

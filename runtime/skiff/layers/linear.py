@@ -4,7 +4,9 @@ Each parameter carries a `weight_loader(param, tensor, shard)` that copies this 
 checkpoint tensor into it, so the loader can stream tensors one by one without ever holding the model twice.
 
 A layer can swap its matmul for a `LinearKernel` built from its loaded weight (`quantize`, e.g. the int8
-kernels of skiff.layers.quant); the forward then calls that kernel instead of F.linear.
+kernels of skiff.layers.quant); the forward then calls that kernel instead of F.linear. A layer can also
+take a GGUF tensor's blocks as they are (`load_gguf`); `attach_gguf_kernels` then builds its kernel from
+them (skiff.layers.gguf_quant), or dequantizes them into the weight where no kernel fits.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from skiff.distributed.parallel import all_gather_last_dim, all_reduce, tp_info
+from skiff.layers.gguf_quant import GGUFWeight, gguf_kernel
 
 
 class LinearKernel(Protocol):
@@ -73,21 +76,45 @@ class ColumnParallelLinear(nn.Module):
             self.bias = nn.Parameter(torch.empty(out), requires_grad=False)
             self.bias.weight_loader = self._load  # type: ignore[attr-defined]
         self.kernel: LinearKernel | None = None
+        self.gguf_parts: dict[int, GGUFWeight] = {}
 
-    def _slice(self, tensor: torch.Tensor, part: int) -> torch.Tensor:
+    def _rows(self, rows: int, part: int) -> tuple[int, int]:
+        """This rank's rows [start, stop) of part `part`, whose checkpoint tensor has `rows` rows."""
         tp = tp_info()
         full = self.full_sizes[part]
-        if tensor.shape[0] != full:
-            raise ValueError(
-                f"shape mismatch: checkpoint part {part} has {tensor.shape[0]} rows, model expects {full}"
-            )
+        if rows != full:
+            raise ValueError(f"shape mismatch: checkpoint part {part} has {rows} rows, model expects {full}")
         if self.replicate[part]:
             assert self.head_dim is not None
-            heads = full // self.head_dim
-            head = tp.rank * heads // tp.size
-            return tensor[head * self.head_dim : (head + 1) * self.head_dim]
+            head = tp.rank * (full // self.head_dim) // tp.size
+            return head * self.head_dim, (head + 1) * self.head_dim
         per = full // tp.size
-        return tensor[tp.rank * per : (tp.rank + 1) * per]
+        return tp.rank * per, (tp.rank + 1) * per
+
+    def _slice(self, tensor: torch.Tensor, part: int) -> torch.Tensor:
+        start, stop = self._rows(tensor.shape[0], part)
+        return tensor[start:stop]
+
+    def load_gguf(self, weight: GGUFWeight, part: int | None = None) -> None:
+        part = 0 if part is None else part
+        if weight.cols != self.in_features:
+            raise ValueError(
+                f"shape mismatch: checkpoint {weight.shape}, model expects {self.in_features} columns"
+            )
+        self.gguf_parts[part] = weight.take_rows(*self._rows(weight.shape[0], part))
+
+    def attach_gguf(self) -> bool:
+        parts = [self.gguf_parts.get(i) for i in range(len(self.full_sizes))]
+        self.gguf_parts = {}
+        if all(p is not None for p in parts):
+            self.kernel = gguf_kernel(parts, self.bias)  # type: ignore[arg-type]
+            self.weight.data = torch.empty(0)
+            return True
+        for i, p in enumerate(parts):  # beside float parts: widen to the weight's dtype
+            if p is not None:
+                offset = sum(self.local_sizes[:i])
+                self.weight.data[offset : offset + self.local_sizes[i]].copy_(p.dequantize())
+        return False
 
     def _load(self, param: nn.Parameter, tensor: torch.Tensor, part: int | None = None) -> None:
         part = 0 if part is None else part
@@ -125,10 +152,30 @@ class RowParallelLinear(nn.Module):
         if bias:
             self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False)
         self.kernel: LinearKernel | None = None
+        self.gguf: GGUFWeight | None = None
 
     def quantize(self, make: KernelFactory) -> None:
         self.kernel = make(self.weight, None)  # the bias is added after the all-reduce
         self.weight.data = torch.empty(0)
+
+    def load_gguf(self, weight: GGUFWeight, part: object = None) -> None:
+        if weight.shape != (self.weight.shape[0], self.local_in * self.tp.size):
+            raise ValueError(
+                f"shape mismatch: checkpoint {weight.shape}, model expects {tuple(self.weight.shape)}"
+            )
+        self.gguf = weight
+
+    def attach_gguf(self) -> bool:
+        weight, self.gguf = self.gguf, None
+        if weight is None:
+            return False
+        start = self.tp.rank * self.local_in
+        if start % weight.block_values or self.local_in % weight.block_values:  # a rank would split blocks
+            self.weight.data.copy_(weight.dequantize()[:, start : start + self.local_in])
+            return False
+        self.kernel = gguf_kernel([weight.take_cols(start, start + self.local_in)], None)
+        self.weight.data = torch.empty(0)
+        return True
 
     def _load(self, param: nn.Parameter, tensor: torch.Tensor, part: object = None) -> None:
         rank = tp_info().rank
@@ -160,9 +207,22 @@ class VocabParallelEmbedding(nn.Module):
         self.weight = nn.Parameter(torch.zeros(self.per_rank, dim), requires_grad=False)
         self.weight.weight_loader = self._load  # type: ignore[attr-defined]
         self.head_kernel: LinearKernel | None = None  # for logits only: lookups keep the rows
+        self.gguf: GGUFWeight | None = None
 
     def quantize_head(self, make: KernelFactory) -> None:
         self.head_kernel = make(self.weight, None)
+
+    def load_gguf(self, weight: GGUFWeight, part: object = None) -> None:
+        """Lookups read the dequantized rows; the blocks stay for the LM head (`attach_gguf`)."""
+        self._load(self.weight, weight.dequantize())
+        self.gguf = weight
+
+    def attach_gguf(self) -> bool:
+        weight, self.gguf = self.gguf, None
+        if weight is None or self.vocab_size % self.tp.size:  # the last rank's rows would be short
+            return False
+        self.head_kernel = gguf_kernel([weight.take_rows(self.start, self.start + self.per_rank)], None)
+        return True
 
     def _load(self, param: nn.Parameter, tensor: torch.Tensor, part: object = None) -> None:
         if tensor.shape != (self.vocab_size, param.shape[1]):
@@ -186,6 +246,21 @@ class VocabParallelEmbedding(nn.Module):
         """[N, dim] -> [N, vocab] full logits on every rank."""
         local = self.head_kernel(hidden) if self.head_kernel is not None else F.linear(hidden, self.weight)
         return all_gather_last_dim(local, self.tp)[..., : self.vocab_size]
+
+
+def attach_gguf_kernels(model: nn.Module) -> int:
+    """After loading: every layer that took GGUF blocks computes on them; returns how many do."""
+    count = 0
+    for module in model.modules():
+        if isinstance(module, ColumnParallelLinear | RowParallelLinear):
+            count += module.attach_gguf()
+    head = getattr(model, "lm_head", None)
+    if isinstance(head, VocabParallelEmbedding):
+        count += head.attach_gguf()
+    for module in model.modules():  # an untied input embedding keeps only its float rows
+        if isinstance(module, VocabParallelEmbedding):
+            module.gguf = None
+    return count
 
 
 def quantize_linears(model: nn.Module, make: KernelFactory) -> int:

@@ -55,7 +55,34 @@ class Int8Linear:
         return y if self.bias is None else y + self.bias
 
 
-QUANTIZATIONS: dict[str, KernelFactory] = {"int8": Int8Linear}
+QUANTIZATIONS: dict[str, KernelFactory] = {"int8": Int8Linear}  # kernels built from loaded float weights
+
+
+def resolve_quantization(
+    requested: str | None, gguf_file: bool, device: torch.device, dtype: torch.dtype
+) -> str | None:
+    """The path a model runs on: "gguf" (its own blocks), "int8", or None (float weights).
+
+    "auto" takes a GGUF file's blocks where they can run (CPU, fp32 activations, the kernels built), and
+    float weights everywhere else; an explicit choice that cannot run is an error.
+    """
+    if requested in (None, "none"):
+        return None
+    if requested == "auto":
+        native = gguf_file and device.type == "cpu" and dtype == torch.float32 and cpu_kernels.available()
+        return "gguf" if native else None
+    if requested == "gguf":
+        if not gguf_file:
+            raise ValueError(
+                "--quantization gguf computes on a GGUF file's blocks: the model is not a .gguf file"
+            )
+        if device.type != "cpu" or dtype != torch.float32:
+            raise ValueError("--quantization gguf is a CPU path with float32 activations: use --device cpu")
+        if not cpu_kernels.available():
+            raise ValueError("--quantization gguf needs Skiff's CPU kernels, which could not be built here")
+        return "gguf"
+    check_supported(requested, device, dtype)
+    return requested
 
 
 def check_supported(quantization: str | None, device: torch.device, dtype: torch.dtype) -> None:

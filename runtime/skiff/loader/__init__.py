@@ -8,6 +8,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from skiff.layers.gguf_quant import GGUFWeight
 from skiff.layers.linear import ColumnParallelLinear
 from skiff.loader.checkpoint import CheckpointError, iter_tensors, read_config, resolve_model_path
 
@@ -35,7 +36,10 @@ def _target(name: str) -> tuple[str, int | None] | None:
     return name, None
 
 
-def load_weights(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], tied: bool) -> None:
+def load_weights(
+    model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor | GGUFWeight]], tied: bool
+) -> None:
+    """Copy each tensor into its parameter; GGUF blocks go to their layer's `load_gguf` where it has one."""
     params = dict(model.named_parameters(remove_duplicate=False))
     for pname, p in params.items():
         p.skiff_name = pname  # type: ignore[attr-defined]
@@ -61,6 +65,16 @@ def load_weights(model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]], 
                 f"checkpoint tensor {name} has no place in the model (unexpected for this architecture)"
             )
         param = params[pname]
+        if isinstance(tensor, GGUFWeight):
+            owner = model.get_submodule(pname.rsplit(".", 1)[0])
+            if pname.endswith(".weight") and hasattr(owner, "load_gguf"):
+                try:
+                    owner.load_gguf(tensor, part)
+                except ValueError as e:
+                    raise CheckpointError(f"{name}: {e}") from e
+                loaded.add((pname, part))
+                continue
+            tensor = tensor.dequantize().to(param.dtype)
         loader = getattr(param, "weight_loader", None)
         if loader is None:
             if tuple(param.shape) != tuple(tensor.shape):

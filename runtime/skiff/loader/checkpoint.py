@@ -1,6 +1,8 @@
 """Reading checkpoints tensor by tensor: HF safetensors directories and GGUF files.
 
 Both readers yield (hf_name, tensor) in HF naming and layout, so one mapping loads either into the model.
+With `native=True` a GGUF's tensors of a type that Skiff computes on (skiff.layers.gguf_quant) come as
+`GGUFWeight` (the blocks as stored, q/k rows un-permuted) instead of float.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from gguf import GGMLQuantizationType
+
+from skiff.layers.gguf_quant import KERNEL_TYPES, GGUFWeight
 
 
 class CheckpointError(ValueError):
@@ -49,9 +54,12 @@ def read_config(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"corrupt config.json in {path}: {e}") from e
 
 
-def iter_tensors(path: Path, cfg: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
+Tensor = torch.Tensor | GGUFWeight
+
+
+def iter_tensors(path: Path, cfg: dict[str, Any], native: bool = False) -> Iterator[tuple[str, Tensor]]:
     if path.is_file():
-        yield from _iter_gguf(path, cfg)
+        yield from _iter_gguf(path, cfg, native=native)
     else:
         yield from _iter_safetensors(path)
 
@@ -74,14 +82,23 @@ def _safetensors_files(path: Path) -> list[Path]:
     return files
 
 
-def _iter_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+_GGUF_TYPES_KEY = "skiff.gguf_types"  # safetensors metadata of a block cache: {name: [ggml type, columns]}
+
+
+def _iter_safetensors(path: Path) -> Iterator[tuple[str, Tensor]]:
     from safetensors import SafetensorError, safe_open
 
     for file in _safetensors_files(path):
         try:
             with safe_open(str(file), framework="pt") as f:
+                types = json.loads((f.metadata() or {}).get(_GGUF_TYPES_KEY, "{}"))
                 for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                    yield name, f.get_tensor(name)
+                    if name in types:
+                        qtype, cols = types[name]
+                        raw = f.get_tensor(name).numpy()
+                        yield name, GGUFWeight(raw, GGMLQuantizationType(qtype), cols)
+                    else:
+                        yield name, f.get_tensor(name)
         except (SafetensorError, OSError, RuntimeError) as e:
             raise CheckpointError(f"corrupt or unreadable weights file {file.name}: {e}") from e
 
@@ -165,23 +182,31 @@ def _gguf_config(path: Path) -> dict[str, Any]:
     return cfg
 
 
-def _unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
+def _unpermute(w: Tensor, heads: int) -> Tensor:
     """Undo llama.cpp's interleaving of rotary halves in q/k rows (convert_hf_to_gguf permutes llama q/k)."""
+    if isinstance(w, GGUFWeight):
+        return w.permute_rows(heads)
     rows = w.shape[0]
     return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def _iter_gguf(path: Path, cfg: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
+def _gguf_tensor(t: Any, path: Path, native: bool) -> Tensor:  # noqa: ANN401 (gguf's ReaderTensor)
     from gguf.quants import dequantize
 
+    if native and t.tensor_type in KERNEL_TYPES and len(t.shape) == 2:
+        return GGUFWeight(np.asarray(t.data), t.tensor_type, int(t.shape[0]))
+    try:
+        arr = dequantize(t.data, t.tensor_type)
+    except Exception as e:
+        raise CheckpointError(f"cannot dequantize tensor {t.name} of {path.name}: {e}") from e
+    return torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32).copy())
+
+
+def _iter_gguf(path: Path, cfg: dict[str, Any], native: bool = False) -> Iterator[tuple[str, Tensor]]:
     r = _reader(path)
     permute = cfg.get("gguf_arch") in ("llama", "mistral")
     for t in r.tensors:
-        try:
-            arr = dequantize(t.data, t.tensor_type)
-        except Exception as e:
-            raise CheckpointError(f"cannot dequantize tensor {t.name} of {path.name}: {e}") from e
-        w = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32).copy())
+        w = _gguf_tensor(t, path, native)
         if t.name == "token_embd.weight":
             yield "model.embed_tokens.weight", w
         elif t.name == "output_norm.weight":
@@ -201,17 +226,18 @@ def _iter_gguf(path: Path, cfg: dict[str, Any]) -> Iterator[tuple[str, torch.Ten
             raise CheckpointError(f"unexpected tensor {t.name} in {path.name}")
 
 
-def gguf_as_hf_dir(path: Path, cache_root: Path) -> Path | None:
-    """Dequantize a GGUF file once into an HF-style directory (config.json + model.safetensors) under the cache.
+def gguf_as_hf_dir(path: Path, cache_root: Path, native: bool = False) -> Path | None:
+    """Convert a GGUF file once into an HF-style directory (config.json + model.safetensors) under the cache.
 
     Parsing a GGUF's vocabulary and dequantizing takes ~12 s on two cores; loading the cached fp32
     safetensors takes ~1 s, which matters for a pod or a test suite that starts the server many times.
+    `native`: the tensors Skiff computes on stay blocks (uint8, their types in the file's metadata).
     Returns None when the cache cannot be written.
     """
     from safetensors.torch import save_file
 
     st = path.stat()
-    key = f"{path.stem}-{st.st_size}-{int(st.st_mtime)}"
+    key = f"{path.stem}-{st.st_size}-{int(st.st_mtime)}" + ("-blocks" if native else "")
     out = cache_root / "gguf" / key
     if (out / "model.safetensors").is_file() and (out / "config.json").is_file():
         return out
@@ -219,8 +245,13 @@ def gguf_as_hf_dir(path: Path, cache_root: Path) -> Path | None:
     tmp = out.with_name(f"{key}.tmp{os.getpid()}")
     try:
         tmp.mkdir(parents=True, exist_ok=True)
-        tensors = dict(_iter_gguf(path, cfg))
-        save_file(tensors, str(tmp / "model.safetensors"))
+        tensors, types = {}, {}
+        for name, w in _iter_gguf(path, cfg, native=native):
+            if isinstance(w, GGUFWeight):
+                types[name] = [int(w.qtype), w.cols]
+                w = torch.from_numpy(np.require(w.raw, requirements=["C", "W"]))
+            tensors[name] = w
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={_GGUF_TYPES_KEY: json.dumps(types)})
         (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
         os.replace(tmp, out)
     except OSError:  # a read-only cache, or another process renamed its copy into place first
