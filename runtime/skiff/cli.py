@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import importlib
+import importlib.util
 import signal
 import sys
 
@@ -37,6 +38,14 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             # A slim install (the operator image) lacks the model stack: the command stays listed and says so.
             missing[name] = str(e.name)
+            sub.add_parser(
+                name, help=HELP[name] + " (needs skiff[runtime])", description=HELP[name], add_help=False
+            )
+            continue
+        # The serve parent process imports no torch itself (its children do): check the install up front.
+        lacking = [dep for dep in getattr(mod, "REQUIRES", ()) if importlib.util.find_spec(dep) is None]
+        if lacking:
+            missing[name] = lacking[0]
             sub.add_parser(
                 name, help=HELP[name] + " (needs skiff[runtime])", description=HELP[name], add_help=False
             )

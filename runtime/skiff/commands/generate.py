@@ -8,6 +8,8 @@ import sys
 
 from skiff.commands.serve import add_engine_arguments, engine_config
 
+REQUIRES = ("torch",)  # checked by skiff.cli before the command runs
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompts", nargs="*", help="prompts (default: one per line on stdin)")

@@ -11,6 +11,8 @@ from skiff.config import DTYPE_NAMES, LOAD_FORMATS, QUANTIZATION_NAMES, EngineCo
 from skiff.server.reasoning import REASONING_PARSERS
 from skiff.server.tool_calls import TOOL_PARSERS
 
+REQUIRES = ("torch",)  # checked by skiff.cli before the command runs
+
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """Engine flags shared by `serve`, `generate` and `bench offline` (SGLang's names)."""
