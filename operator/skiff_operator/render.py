@@ -23,7 +23,7 @@ METRICS_PORT = 9090
 
 @dataclass(frozen=True)
 class OperatorSettings:
-    default_image: str = "ghcr.io/skiff-project/skiff:0.1.0"
+    default_image: str = "skiff-project/skiff:0.1.0"
     cluster_domain: str = "cluster.local"
     pdb_api_version: str = "policy/v1"  # policy/v1beta1 on clusters older than 1.21
     hpa_api_version: str = "autoscaling/v2"  # autoscaling/v2beta2 on clusters older than 1.23

@@ -40,10 +40,10 @@ def test_defaults_render_operator_router_rbac(rendered):
     )
     assert c["livenessProbe"]["httpGet"]["port"] == "health" and c["readinessProbe"]
     assert "--peering=skiff-operator" in c["args"] and not any(a.startswith("--namespace") for a in c["args"])
-    assert "--default-image=ghcr.io/skiff-project/skiff:0.1.0" in c["args"]
+    assert "--default-image=skiff-project/skiff:0.1.0" in c["args"]
     assert op["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}  # peering-safe
     assert c["command"][:2] == ["/bin/sh", "-c"] and "--priority=" in c["command"][2]
-    assert c["image"] == "ghcr.io/skiff-project/skiff-operator:0.1.0"  # appVersion, never latest
+    assert c["image"] == "skiff-project/skiff-operator:0.1.0"  # appVersion, never latest
     (role,) = find(objs, "ClusterRole", "skiff-operator")
     granted = {(g, r) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
     for need in [

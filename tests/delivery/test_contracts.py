@@ -29,7 +29,7 @@ def test_operator_and_router_args_parse(values_file):
     op = build_parser().parse_args(container(objs, "skiff-operator")["args"])
     watched = values_of(values_file).get("operator", {}).get("watchNamespaces", [])
     assert op.namespace == watched
-    assert op.default_image.startswith("ghcr.io/skiff-project/skiff:")
+    assert op.default_image.startswith("skiff-project/skiff:")
     if find(objs, "Deployment", "skiff-router"):
         rc = container(objs, "skiff-router")
         assert rc["command"] == ["skiff-router"]

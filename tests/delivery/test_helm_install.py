@@ -113,7 +113,7 @@ def reconcile_example(clients, log: Path, name: str) -> dict:
     )
     owner = dep.metadata.owner_references[0]
     assert (owner.kind, owner.name, owner.controller) == ("InferenceService", name, True)
-    assert dep.spec.template.spec.containers[0].image == "ghcr.io/skiff-project/skiff:0.1.0"
+    assert dep.spec.template.spec.containers[0].image == "skiff-project/skiff:0.1.0"
     wait_long(
         "the model Service",
         lambda: missing_as_none(lambda: clients.core.read_namespaced_service(name, MODELS_NS)),

@@ -17,7 +17,7 @@ CPU_IMAGE = "localhost/skiff:0.1.0-cpu"
 
 def _local(text: str) -> str:
     """The shipped manifests with the locally built images (no registry here)."""
-    return text.replace("ghcr.io/skiff-project/", "localhost/")
+    return text.replace("skiff-project/", "localhost/")
 
 
 def _for_old_servers(text: str) -> str:
