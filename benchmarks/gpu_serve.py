@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from harness import Bench, config_only_dir, out_dir, script_args
+from harness import Bench, config_only_dir, out_dir, require_modules, script_args
 
 SUMMARY_KEYS = (
     "completed",
@@ -268,6 +268,7 @@ def main() -> None:
         ap.add_argument("--budget", type=float, default=None, help="seconds; later serve runs are skipped")
 
     bench, args = script_args(__doc__, add)
+    require_modules("skiff.server.launcher", "skiff_router.main")
     opts = ServeOptions(
         args.router, args.api_workers, args.detokenizer_workers, args.router_workers, args.budget
     )

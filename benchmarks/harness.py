@@ -13,6 +13,7 @@ import gc
 import itertools
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -104,6 +105,15 @@ def script_args(
         add(ap)
     args = ap.parse_args()
     return Bench(cpu=args.cpu), args
+
+
+def require_modules(*modules: str) -> None:
+    """Exit at once, naming what is missing, when a module the script's children import does not load here:
+    a device run otherwise spends its minutes before the first server start fails."""
+    code = "import importlib, sys\nfor m in sys.argv[1:]: importlib.import_module(m)"
+    done = subprocess.run([sys.executable, "-c", code, *modules], capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        sys.exit(f"preflight: importing {', '.join(modules)} failed:\n{done.stderr[-1500:]}")
 
 
 def shape_arg(ap: argparse.ArgumentParser) -> None:
