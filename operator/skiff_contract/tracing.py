@@ -90,17 +90,12 @@ def configure(service_name: str, endpoint: str | None = None) -> Tracing | None:
         return None
     url = traces_url(endpoint)
     _sdk()
-    try:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
-        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-    except ImportError as e:
-        raise TracingUnavailable(
-            f"--otlp-traces-endpoint needs the OpenTelemetry SDK and OTLP exporter "
-            f"(pip install 'skiff[tracing]'): {e}"
-        ) from e
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
     provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=url)))
     return Tracing(provider.get_tracer("skiff"), provider, TraceContextTextMapPropagator())

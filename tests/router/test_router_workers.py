@@ -12,12 +12,11 @@ import pytest
 import yaml
 from fakes import fake_backend
 from support.asgi import ServerThread
-from support.process import alive, descendants, http_ok
+from support.process import alive, client_per_process, descendants, http_ok
 from support.serve import PythonService
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(300)
-TRIES = 200
 
 
 class Routers:
@@ -37,17 +36,7 @@ class Routers:
 
     def per_worker(self) -> dict[int, httpx.Client]:
         """One keep-alive client per router process, keyed by its pid."""
-        found: dict[int, httpx.Client] = {}
-        for _ in range(TRIES):
-            client = httpx.Client(base_url=self.router.url, timeout=30)
-            pid = client.get("/health").json()["pid"]
-            if pid in found:
-                client.close()
-            else:
-                found[pid] = client
-            if len(found) == 2:
-                return found
-        raise AssertionError(f"{TRIES} connections all went to one router process: {list(found)}")
+        return client_per_process(self.router.url, lambda c: c.get("/health").json()["pid"], timeout=30)
 
     def stop(self) -> None:
         self.router.stop()

@@ -10,12 +10,11 @@ from collections.abc import Iterator
 import httpx
 import msgspec
 import pytest
-from support.process import alive, descendants, http_ok
+from support.process import alive, client_per_process, descendants, http_ok
 from support.serve import ServerProcess
 from support.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(600)
-TRIES = 200  # fresh connections until the kernel has given one to each worker
 
 
 def start() -> ServerProcess:
@@ -25,17 +24,7 @@ def start() -> ServerProcess:
 
 def clients_per_worker(srv: ServerProcess) -> dict[int, httpx.Client]:
     """One keep-alive client per API worker, keyed by the worker's pid (a connection stays on its worker)."""
-    found: dict[int, httpx.Client] = {}
-    for _ in range(TRIES):
-        client = httpx.Client(base_url=srv.url, timeout=60)
-        pid = client.get("/skiff/processes").json()["api"]
-        if pid in found:
-            client.close()
-        else:
-            found[pid] = client
-        if len(found) == 2:
-            return found
-    raise AssertionError(f"{TRIES} connections all went to one API worker: {list(found)}")
+    return client_per_process(srv.url, lambda c: c.get("/skiff/processes").json()["api"])
 
 
 def stream(client: httpx.Client, prompt: str, max_tokens: int) -> tuple[str, int]:

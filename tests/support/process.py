@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -19,6 +19,28 @@ def http_ok(url: str, timeout: float = 2.0) -> bool:
         return httpx.get(url, timeout=timeout).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def client_per_process(
+    base_url: str,
+    pid_of: Callable[[httpx.Client], int],
+    count: int = 2,
+    tries: int = 200,
+    timeout: float = 60,
+) -> dict[int, httpx.Client]:
+    """One keep-alive client for each of `count` processes sharing a port (SO_REUSEPORT), keyed by the pid
+    that `pid_of` reads over the connection: fresh connections until the kernel has given one to each."""
+    found: dict[int, httpx.Client] = {}
+    for _ in range(tries):
+        client = httpx.Client(base_url=base_url, timeout=timeout)
+        pid = pid_of(client)
+        if pid in found:
+            client.close()
+        else:
+            found[pid] = client
+        if len(found) == count:
+            return found
+    raise AssertionError(f"{tries} connections reached only the processes {list(found)} of {count}")
 
 
 def descendants(pid: int) -> set[int]:
