@@ -34,7 +34,7 @@ class RequestTiming:
     comparable across the pod's processes): reported once, in the step that produced its first token."""
 
     rid: str
-    arrived: int  # the engine got it (add_request)
+    queued: int  # it began to wait for the engine: tokenized (the server's tokenizer) or added (offline)
     scheduled: int  # first put in a batch: its prefill began
     first_token: int  # its first token was sampled and on the host
 

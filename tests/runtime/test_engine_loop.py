@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from skiff.config import EngineConfig
@@ -102,11 +104,13 @@ def test_abort_while_a_batch_is_pending(overlap_llm, tokenizer) -> None:
 
 
 def _first_token_timings(engine, prompts: list[list[int]], max_tokens: int) -> None:
-    """Each request's RequestTiming comes once, in the step whose outputs hold its first token."""
+    """Each request's RequestTiming comes once, in the step whose outputs hold its first token; the first
+    request says when it began to wait (as the server's tokenizer does), the others wait from now."""
+    tokenized = time.time_ns() - 5_000_000
     for i, ids in enumerate(prompts):
-        engine.add_request(
-            f"t-{i}", ids, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-        )
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        engine.add_request(f"t-{i}", ids, params, tokenized if i == 0 else 0)
+    added = time.time_ns()
     timings = {}
     while engine.has_work:
         outs = engine.step()
@@ -116,8 +120,9 @@ def _first_token_timings(engine, prompts: list[list[int]], max_tokens: int) -> N
             assert t.rid not in timings
             timings[t.rid] = t
     assert timings.keys() == {f"t-{i}" for i in range(len(prompts))}
+    assert timings["t-0"].queued == tokenized
     for t in timings.values():
-        assert 0 < t.arrived <= t.scheduled <= t.first_token, t
+        assert tokenized <= t.queued <= added <= t.scheduled <= t.first_token, t
     # more requests than running slots: the later ones waited for the first ones to finish
     assert max(t.scheduled for t in timings.values()) >= min(t.first_token for t in timings.values())
 

@@ -44,6 +44,7 @@ SAMPLES: list[tuple[m.Message, object]] = [
     ),
     (m.Shutdown(), m.ToTokenizer),
     (m.TokenizedRequest("r-0", [1, 2, 3], SAMPLING, 8, DECODE), m.ToScheduler),
+    (m.TokenizedRequest("r-0", [1, 2, 3], SAMPLING, None, DECODE, 1, TIMING.queued), m.ToScheduler),
     (m.AbortRequest("r-0"), m.ToScheduler),
     (m.IntegrityCheck(3), m.ToScheduler),
     (m.Shutdown(), m.ToScheduler),

@@ -97,7 +97,8 @@ class Engine:
         self.closed = False
 
     # ------------------------------------------------------------------------------------------ requests
-    def add_request(self, rid: str, input_ids: list[int], params: SamplingParams) -> None:
+    def add_request(self, rid: str, input_ids: list[int], params: SamplingParams, queued: int = 0) -> None:
+        """`queued`: epoch ns the request began to wait for the engine (RequestTiming); 0: now."""
         capacity = self.cache.total_pages * self.cfg.page_size
         check_prompt(input_ids, self.max_context_len, self.model_config.vocab_size, capacity)
         params.validate()
@@ -107,7 +108,7 @@ class Engine:
         matcher = self.grammars.matcher(params.grammar) if params.grammar is not None else None
         self._arrivals += 1
         req = Req(rid, list(input_ids), params, self._arrivals, generator=gen, matcher=matcher)
-        req.arrived_ns = time.time_ns()
+        req.queued_ns = queued or time.time_ns()
         self.scheduler.enqueue(req)
 
     def abort_request(self, rid: str) -> None:
@@ -199,7 +200,7 @@ class Engine:
             token = result.tokens[i]
             r.output_ids[idx] = token
             if idx == 0:
-                self.timings.append(RequestTiming(r.rid, r.arrived_ns, r.scheduled_ns, time.time_ns()))
+                self.timings.append(RequestTiming(r.rid, r.queued_ns, r.scheduled_ns, time.time_ns()))
             self.generation_tokens += 1
             reason = finish_reason(
                 r.params, token, self.eos_token_ids, len(r.prompt_ids), idx + 1, self.max_context_len

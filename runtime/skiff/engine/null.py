@@ -26,7 +26,7 @@ class Stream:
     rid: str
     prompt: list[int]
     params: SamplingParams
-    arrived: int  # epoch ns
+    queued: int  # epoch ns
     scheduled: int = 0
     produced: int = 0
 
@@ -50,10 +50,10 @@ class NullEngine:
         self.prompt_tokens = self.generation_tokens = 0
         self.closed = False
 
-    def add_request(self, rid: str, input_ids: list[int], params: SamplingParams) -> None:
+    def add_request(self, rid: str, input_ids: list[int], params: SamplingParams, queued: int = 0) -> None:
         check_prompt(input_ids, self.max_context_len, self.model_config.vocab_size, self.max_context_len + 1)
         params.validate()
-        self.waiting.append(Stream(rid, list(input_ids), params, time.time_ns()))
+        self.waiting.append(Stream(rid, list(input_ids), params, queued or time.time_ns()))
 
     def abort_request(self, rid: str) -> None:
         s = self.running.pop(rid, None)
@@ -81,7 +81,7 @@ class NullEngine:
         for s in self.running.values():
             token = s.next_token()
             if s.produced == 1:
-                self.timings.append(RequestTiming(s.rid, s.arrived, s.scheduled, time.time_ns()))
+                self.timings.append(RequestTiming(s.rid, s.queued, s.scheduled, time.time_ns()))
             reason = finish_reason(
                 s.params, token, self.eos_token_ids, len(s.prompt), s.produced, self.max_context_len
             )

@@ -33,7 +33,7 @@ class Req:
     finish_reason: FinishReason | None = None
     matched_stop: int | str | None = None
     matcher: Any = None  # the grammar's llguidance matcher, for a constrained request
-    arrived_ns: int = 0  # epoch ns it reached the engine (outputs.RequestTiming)
+    queued_ns: int = 0  # epoch ns it began to wait for the engine (outputs.RequestTiming)
     scheduled_ns: int = 0  # epoch ns of its first admission to a batch
 
     @property

@@ -80,6 +80,7 @@ class TokenizedRequest(Message):
     max_tokens: int | None
     decode: DecodeOptions
     owner: int = 0
+    tokenized: int = 0  # epoch ns the tokenizer finished: when it began to wait for the engine
 
 
 class AbortRequest(Message):

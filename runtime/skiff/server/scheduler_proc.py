@@ -120,7 +120,7 @@ class SchedulerLoop:
             budget = completion_budget(req, int(self.engine.max_context_len))
             sampling = dataclasses.replace(req.sampling, max_tokens=budget)
             detok = self._dealt % len(self.to_detok)
-            self.engine.add_request(req.rid, req.input_ids, sampling)
+            self.engine.add_request(req.rid, req.input_ids, sampling, req.tokenized)
         except InvalidRequest as e:
             self.to_api.to(req.owner).send(RequestFailed(req.rid, 400, str(e)))
             return

@@ -1,11 +1,13 @@
 """Request spans of the API server, with `--otlp-traces-endpoint` (skiff_contract.tracing): one SERVER span
 per generation request, a child of the caller's W3C `traceparent`, and per choice these child spans, all
-cut at wall-clock times (the engine's come in the choice's first chunk, `messages.DetokenizedChunk.timing`;
-the pod's processes share one clock):
+cut at wall-clock times (the other processes' stamps, `outputs.RequestTiming`, come once, in the choice's
+first chunk; the pod's processes share one clock):
 
-    tokenize    this worker submitted the prompt -> the engine got it: tokenizing and the two hops
-    queue       the engine got it -> first put in a batch (waiting for a running slot or KV pages)
-    prefill     first put in a batch -> its first token sampled (every chunk of a chunked prefill)
+    tokenize    this worker submitted the prompt -> a tokenizer finished it (the hop, any wait for a
+                tokenizer busy with other prompts, and the chat template and encoding)
+    queue       tokenized -> first put in a batch: the hop to the scheduler, any engine step it runs
+                meanwhile, and the wait for a running slot or KV pages
+    prefill     first put in a batch -> its first token sampled (all chunks of a chunked prefill)
     detokenize  first token sampled -> its text reached this worker: the hop to the detokenizer, its pass
                 over that step, and the hop back (every later token takes the same way, inside decode)
     decode      first token sampled -> the last chunk reached this worker (so it ends with the last
@@ -50,13 +52,13 @@ class _Choice:
         t = self.timing
         if t is None or self.first_token is None:
             return []
-        arrived = max(t.arrived, self.submitted)
-        scheduled = max(t.scheduled, arrived)
+        queued = max(t.queued, self.submitted)
+        scheduled = max(t.scheduled, queued)
         sampled = max(t.first_token, scheduled)
         prompt = {"gen_ai.usage.input_tokens": self.prompt_tokens, "skiff.cached_tokens": self.cached_tokens}
         out = [
-            ("tokenize", self.submitted, arrived, {}),
-            ("queue", arrived, scheduled, {}),
+            ("tokenize", self.submitted, queued, {}),
+            ("queue", queued, scheduled, {}),
             ("prefill", scheduled, sampled, prompt),
             ("detokenize", sampled, max(self.first_token, sampled), {}),
         ]
