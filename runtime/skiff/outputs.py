@@ -28,6 +28,17 @@ class StepOutput:
         return self.finish_reason is not None
 
 
+@dataclass(frozen=True)
+class RequestTiming:
+    """When one request reached its milestones inside the engine, as wall-clock epoch ns (`time.time_ns`,
+    comparable across the pod's processes): reported once, in the step that produced its first token."""
+
+    rid: str
+    queued: int  # it began to wait for the engine: tokenized (the server's tokenizer) or added (offline)
+    scheduled: int  # first put in a batch: its prefill began
+    first_token: int  # its first token was sampled and on the host
+
+
 @dataclass
 class RequestOutput:
     """A finished request of the offline API."""

@@ -1,6 +1,8 @@
 """OpenTelemetry traces end to end: a client's W3C traceparent through a real `skiff-router` to a real
 `skiff serve` (embedded SmolLM2-135M on CPU), both exporting over OTLP/HTTP to a receiver in this process
-(support.otlp). One request gives one trace, the client's, with the router's and the pod's spans chained."""
+(support.otlp). One request gives one trace, the client's, with the router's and the pod's spans chained
+and the pod's phases of each choice (tokenize, queue, prefill, detokenize, decode) under the pod's span;
+a pod of two API workers traces the requests of both."""
 
 from __future__ import annotations
 
@@ -13,12 +15,15 @@ import httpx
 import pytest
 import yaml
 from support.otlp import OtlpReceiver, ReceivedSpan
+from support.process import client_per_process
 from support.serve import PythonService, ServerProcess, small_backend
 from support.waiting import wait_for
 
 pytest.importorskip("opentelemetry.sdk", reason="tracing needs the `tracing` extra (opentelemetry-sdk)")
 pytestmark = pytest.mark.timeout(600)
 ROUTE = "/v1/chat/completions"
+PHASES = ("tokenize", "queue", "prefill", "detokenize", "decode")
+CLOCK_SLACK_NS = 1_000_000  # the pod's processes stamp their own wall clock: allow 1 ms of disagreement
 
 
 class Traced:
@@ -67,18 +72,50 @@ def ask(t: Traced, stream: bool) -> tuple[str, str, httpx.Response]:
     return trace_id, parent, r
 
 
-def spans_of(t: Traced, trace_id: str) -> dict[str, ReceivedSpan]:
-    """The trace's spans by `service/name`, once all five have arrived."""
-    want = {"skiff-router/POST " + ROUTE, "skiff-router/upstream", "skiff-serve/POST " + ROUTE}
-    want |= {"skiff-serve/queue_and_prefill", "skiff-serve/decode"}
-
-    def arrived() -> dict[str, ReceivedSpan] | None:
-        spans = {f"{s.service}/{s.name}": s for s in t.receiver.trace(trace_id)}
-        return spans if want <= spans.keys() else None
-
-    spans = wait_for(arrived, 30, f"the spans of trace {trace_id}")
-    assert len(t.receiver.trace(trace_id)) == 5, [s.name for s in t.receiver.trace(trace_id)]
+def wait_spans(receiver: OtlpReceiver, trace_id: str, count: int) -> list[ReceivedSpan]:
+    """The trace's spans, once `count` have arrived (and no more)."""
+    spans = wait_for(
+        lambda: receiver.trace(trace_id),
+        30,
+        f"{count} spans of trace {trace_id}",
+        until=lambda s: len(s) >= count,
+    )
+    assert len(spans) == count, [s.name for s in spans]
     return spans
+
+
+def spans_of(t: Traced, trace_id: str) -> dict[str, ReceivedSpan]:
+    """The routed trace's spans (router, upstream, pod and one choice's phases) by `service/name`, a
+    phase's with its choice: `skiff-serve/<phase>/0`."""
+    spans = wait_spans(t.receiver, trace_id, 3 + len(PHASES))
+    return {span_key(s): s for s in spans}
+
+
+def span_key(s: ReceivedSpan) -> str:
+    choice = s.attributes.get("skiff.choice")
+    return f"{s.service}/{s.name}" + ("" if choice is None else f"/{choice}")
+
+
+def check_phases(pod: ReceivedSpan, spans: list[ReceivedSpan], choices: int) -> list[dict[str, ReceivedSpan]]:
+    """Each choice has the five phase spans, children of the pod's span inside its time, back to back:
+    tokenize -> queue -> prefill -> decode, with detokenize starting where decode does."""
+    out = []
+    for choice in range(choices):
+        mine = {s.name: s for s in spans if s.attributes.get("skiff.choice") == choice}
+        assert set(mine) == set(PHASES), (choice, sorted(mine))
+        for s in mine.values():
+            assert (s.parent_span_id, s.kind, s.trace_id) == (pod.span_id, "INTERNAL", pod.trace_id)
+            assert pod.start_ns <= s.start_ns <= s.end_ns <= pod.end_ns, s.name
+        order = [mine[n] for n in ("tokenize", "queue", "prefill", "decode")]
+        for before, after in zip(order, order[1:], strict=False):
+            assert before.end_ns <= after.start_ns + CLOCK_SLACK_NS, (before.name, after.name)
+        detok, decode = mine["detokenize"], mine["decode"]
+        assert mine["prefill"].end_ns <= detok.start_ns + CLOCK_SLACK_NS and detok.end_ns <= decode.end_ns
+        # real stamps of other processes: the hop to the engine and the first token's way back take time
+        assert mine["tokenize"].end_ns > mine["tokenize"].start_ns and detok.end_ns > detok.start_ns
+        assert decode.end_ns > decode.start_ns
+        out.append(mine)
+    return out
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
@@ -87,16 +124,12 @@ def test_one_request_is_one_trace_from_client_to_pod(traced: Traced, stream: boo
     assert r.status_code == 200, r.text
     s = spans_of(traced, trace_id)
     router, upstream = s["skiff-router/POST " + ROUTE], s["skiff-router/upstream"]
-    pod, prefill, decode = (
-        s["skiff-serve/POST " + ROUTE],
-        s["skiff-serve/queue_and_prefill"],
-        s["skiff-serve/decode"],
-    )
-    # the chain: client -> router (SERVER) -> upstream (CLIENT) -> pod (SERVER) -> its two phases
+    pod = s["skiff-serve/POST " + ROUTE]
+    # the chain: client -> router (SERVER) -> upstream (CLIENT) -> pod (SERVER) -> its phases
+    assert {x.trace_id for x in s.values()} == {trace_id}
     assert (router.parent_span_id, router.kind) == (client_span, "SERVER")
     assert (upstream.parent_span_id, upstream.kind) == (router.span_id, "CLIENT")
     assert (pod.parent_span_id, pod.kind) == (upstream.span_id, "SERVER")
-    assert prefill.parent_span_id == pod.span_id and decode.parent_span_id == pod.span_id
     assert upstream.attributes["server.address"] == traced.backend.address
     assert (
         router.attributes["gen_ai.request.model"] == "smol"
@@ -104,19 +137,23 @@ def test_one_request_is_one_trace_from_client_to_pod(traced: Traced, stream: boo
     )
     for span in (router, upstream, pod):
         assert span.attributes["http.response.status_code"] == 200
-    # time: each span inside its parent; the pod's phases back to back
-    for child, parent in ((upstream, router), (pod, upstream), (prefill, pod), (decode, pod)):
+    # time: each span inside its parent
+    for child, parent in ((upstream, router), (pod, upstream)):
         assert parent.start_ns <= child.start_ns <= child.end_ns <= parent.end_ns, (child.name, parent.name)
-    assert prefill.end_ns == decode.start_ns and decode.end_ns > decode.start_ns
+    [phases] = check_phases(pod, list(s.values()), 1)
+    prefill, decode = phases["prefill"], phases["decode"]
+    assert prefill.end_ns > prefill.start_ns  # a real forward pass over the prompt
     assert "first_token" in pod.events
     if not stream:
         usage = r.json()["usage"]
         assert decode.attributes["gen_ai.usage.output_tokens"] == usage["completion_tokens"]
+        assert prefill.attributes["gen_ai.usage.input_tokens"] == usage["prompt_tokens"]
         assert pod.attributes["gen_ai.usage.input_tokens"] == usage["prompt_tokens"]
         assert upstream.attributes["gen_ai.usage.output_tokens"] == usage["completion_tokens"]
     else:
         assert r.text.rstrip().endswith("data: [DONE]")
         assert decode.attributes["gen_ai.usage.output_tokens"] >= 1
+    assert decode.attributes["gen_ai.response.finish_reason"] in ("stop", "length")
 
 
 def test_a_request_without_traceparent_starts_its_own_trace(traced: Traced) -> None:
@@ -154,3 +191,32 @@ def test_skiff_serve_refuses_a_bad_endpoint_before_loading() -> None:
     )
     assert proc.returncode == 2
     assert "--otlp-traces-endpoint must be an http(s) URL, got 'ftp://collector'" in proc.stderr
+
+
+def test_each_api_worker_traces_its_requests_phases() -> None:
+    """`--api-workers 2` (and two detokenizers) over the null engine: a traced request on each worker's
+    connection gives that worker's span with every choice's phases, in the client's trace."""
+    receiver = OtlpReceiver()
+    args = ["--null-engine", "--api-workers", "2", "--detokenizer-workers", "2"]
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+        srv = ServerProcess(*args, "--otlp-traces-endpoint", receiver.url, api_key=None)
+    try:
+        srv.wait_ready()
+        workers = client_per_process(srv.url, lambda c: c.get("/skiff/processes").json()["api"])
+        for client in workers.values():
+            trace_id, parent = secrets.token_hex(16), secrets.token_hex(8)
+            body = {"prompt": "a b c d", "max_tokens": 5, "n": 2, "ignore_eos": True}
+            r = client.post(
+                "/v1/completions", json=body, headers={"traceparent": f"00-{trace_id}-{parent}-01"}
+            )
+            assert r.status_code == 200, r.text
+            spans = wait_spans(receiver, trace_id, 1 + 2 * len(PHASES))
+            [pod] = [s for s in spans if s.name == "POST /v1/completions"]
+            assert (pod.parent_span_id, pod.kind, pod.service) == (parent, "SERVER", "skiff-serve")
+            for phases in check_phases(pod, spans, 2):
+                assert phases["decode"].attributes["gen_ai.usage.output_tokens"] == 5
+            client.close()
+    finally:
+        srv.stop()
+        receiver.stop()

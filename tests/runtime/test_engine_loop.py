@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from skiff.config import EngineConfig
@@ -99,3 +101,44 @@ def test_abort_while_a_batch_is_pending(overlap_llm, tokenizer) -> None:
     assert reasons["pending-1"] == "abort" and len(got["pending-1"]) < 16
     assert all(reasons[f"pending-{i}"] == "length" and len(got[f"pending-{i}"]) == 16 for i in (0, 2, 3))
     assert all(t >= 0 for toks in got.values() for t in toks)  # no placeholder ever leaves the engine
+
+
+def _first_token_timings(engine, prompts: list[list[int]], max_tokens: int) -> None:
+    """Each request's RequestTiming comes once, in the step whose outputs hold its first token; the first
+    request says when it began to wait (as the server's tokenizer does), the others wait from now."""
+    tokenized = time.time_ns() - 5_000_000
+    for i, ids in enumerate(prompts):
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        engine.add_request(f"t-{i}", ids, params, tokenized if i == 0 else 0)
+    added = time.time_ns()
+    timings = {}
+    while engine.has_work:
+        outs = engine.step()
+        firsts = {o.rid for o in outs if o.token_ids and o.completion_tokens == 1}
+        assert {t.rid for t in engine.timings} == firsts
+        for t in engine.timings:
+            assert t.rid not in timings
+            timings[t.rid] = t
+    assert timings.keys() == {f"t-{i}" for i in range(len(prompts))}
+    assert timings["t-0"].queued == tokenized
+    for t in timings.values():
+        assert tokenized <= t.queued <= added <= t.scheduled <= t.first_token, t
+    # more requests than running slots: the later ones waited for the first ones to finish
+    assert max(t.scheduled for t in timings.values()) >= min(t.first_token for t in timings.values())
+
+
+@pytest.mark.parametrize("llm", ["smollm", "overlap_llm"])
+def test_engine_reports_each_requests_timing_with_its_first_token(llm, request, tokenizer) -> None:
+    engine = request.getfixturevalue(llm).engine
+    limit = engine.cfg.max_running_requests
+    engine.cfg.max_running_requests = 2
+    try:
+        _first_token_timings(engine, chat_prompt_ids(tokenizer)[:4], max_tokens=3)
+    finally:
+        engine.cfg.max_running_requests = limit
+
+
+def test_null_engine_reports_the_same_timings(tokenizer) -> None:
+    from skiff.engine.null import NullEngine
+
+    _first_token_timings(NullEngine(EngineConfig(max_running_requests=2)), chat_prompt_ids(tokenizer)[:4], 3)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 from skiff.engine.stats import EngineStats
-from skiff.outputs import StepOutput
+from skiff.outputs import RequestTiming, StepOutput
 from skiff.params import SamplingParams
 from skiff.server import messages as m
 from skiff.server import protocol as P
@@ -16,6 +16,7 @@ OUTPUT = StepOutput("r-0", [5, 2], [-0.5, -0.1], [{5: -0.5, 6: -1.5}, {2: -0.1}]
 CHUNK = m.DetokenizedChunk(
     "r-0", "hi", 2, [m.TokenLogprob("hi", -0.5, [("hi", -0.5), ("ho", -1.5)])], "stop", 2, 3, 1, 2, None
 )
+TIMING = RequestTiming("r-0", 1_700_000_000_000_000_000, 1_700_000_000_001_000_000, 1_700_000_000_002_000_000)
 STATS = EngineStats(
     num_running=1,
     num_queued=0,
@@ -43,13 +44,16 @@ SAMPLES: list[tuple[m.Message, object]] = [
     ),
     (m.Shutdown(), m.ToTokenizer),
     (m.TokenizedRequest("r-0", [1, 2, 3], SAMPLING, 8, DECODE), m.ToScheduler),
+    (m.TokenizedRequest("r-0", [1, 2, 3], SAMPLING, None, DECODE, 1, TIMING.queued), m.ToScheduler),
     (m.AbortRequest("r-0"), m.ToScheduler),
     (m.IntegrityCheck(3), m.ToScheduler),
     (m.Shutdown(), m.ToScheduler),
     (m.DecodeRegistration("r-0", DECODE), m.ToDetokenizer),
     (m.StepTokens([OUTPUT, StepOutput("r-1", [9])]), m.ToDetokenizer),
+    (m.StepTokens([OUTPUT], [TIMING]), m.ToDetokenizer),
     (m.Shutdown(), m.ToDetokenizer),
     (m.DetokenizedChunks([CHUNK]), m.ToApi),
+    (m.DetokenizedChunks([msgspec.structs.replace(CHUNK, timing=TIMING), CHUNK]), m.ToApi),
     (m.RequestFailed("r-0", 400, "the prompt is empty"), m.ToApi),
     (m.TokenizerReady("tokenizer-0", [9906], 49152, "qwen25", None), m.ToApi),
     (m.DetokenizerReady(), m.ToApi),
@@ -78,6 +82,15 @@ def test_round_trip(msg: m.Message, accepts: object) -> None:
     decoded = P.Decoder("test", accepts)(P.encode(msg))
     assert type(decoded) is type(msg)
     assert decoded == msg
+
+
+def test_merged_chunks_keep_the_first_ones_timing() -> None:
+    first = m.DetokenizedChunk("r-0", "Hel", 1, None, None, None, 3, 1, 1, None, TIMING)
+    later = m.DetokenizedChunk("r-0", "lo", 2, None, "length", None, 3, 1, 3, None)
+    merged = first.then(later)
+    assert (merged.text, merged.n_tokens, merged.completion_tokens) == ("Hello", 3, 3)
+    assert (merged.finish_reason, merged.timing) == ("length", TIMING)
+    assert later.then(first).timing == TIMING
 
 
 def test_a_message_on_the_wrong_pipe_is_rejected() -> None:

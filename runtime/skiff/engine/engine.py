@@ -33,7 +33,7 @@ from skiff.engine.sampler import DeviceSample, HostSample, SampleInputs, sample,
 from skiff.engine.stats import EngineStats
 from skiff.engine.tp_workers import PlanPublisher, free_port, spawn_followers
 from skiff.kvcache.manager import CACHE_MANAGERS
-from skiff.outputs import FinishReason, StepOutput
+from skiff.outputs import FinishReason, RequestTiming, StepOutput
 from skiff.params import InvalidRequest, SamplingParams
 from skiff.scheduler.request import Req
 from skiff.scheduler.scheduler import ScheduleBatch, Scheduler
@@ -92,11 +92,13 @@ class Engine:
         self._pending: Launched | None = None
         self._arrivals = 0
         self._finished: list[StepOutput] = []
+        self.timings: list[RequestTiming] = []  # of the requests whose first token the last step() gave
         self.prompt_tokens = self.cache_hit_tokens = self.generation_tokens = 0
         self.closed = False
 
     # ------------------------------------------------------------------------------------------ requests
-    def add_request(self, rid: str, input_ids: list[int], params: SamplingParams) -> None:
+    def add_request(self, rid: str, input_ids: list[int], params: SamplingParams, queued: int = 0) -> None:
+        """`queued`: epoch ns the request began to wait for the engine (RequestTiming); 0: now."""
         capacity = self.cache.total_pages * self.cfg.page_size
         check_prompt(input_ids, self.max_context_len, self.model_config.vocab_size, capacity)
         params.validate()
@@ -106,6 +108,7 @@ class Engine:
         matcher = self.grammars.matcher(params.grammar) if params.grammar is not None else None
         self._arrivals += 1
         req = Req(rid, list(input_ids), params, self._arrivals, generator=gen, matcher=matcher)
+        req.queued_ns = queued or time.time_ns()
         self.scheduler.enqueue(req)
 
     def abort_request(self, rid: str) -> None:
@@ -122,6 +125,8 @@ class Engine:
     def step(self) -> list[StepOutput]:
         self._check_followers()
         outputs, self._finished = self._finished, []
+        if self.timings:
+            self.timings = []
         pending = self._pending
         batch = self.scheduler.schedule()
         for r in self.scheduler.starved:
@@ -194,6 +199,8 @@ class Engine:
                 continue  # finished or aborted after this batch was launched
             token = result.tokens[i]
             r.output_ids[idx] = token
+            if idx == 0:
+                self.timings.append(RequestTiming(r.rid, r.queued_ns, r.scheduled_ns, time.time_ns()))
             self.generation_tokens += 1
             reason = finish_reason(
                 r.params, token, self.eos_token_ids, len(r.prompt_ids), idx + 1, self.max_context_len

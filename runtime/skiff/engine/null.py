@@ -7,6 +7,7 @@ handle real text.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, fields
 
@@ -16,7 +17,7 @@ from skiff.engine.request_rules import check_prompt, context_limit, finish_reaso
 from skiff.engine.stats import EngineStats
 from skiff.loader import read_config
 from skiff.models import ModelConfig
-from skiff.outputs import StepOutput
+from skiff.outputs import RequestTiming, StepOutput
 from skiff.params import SamplingParams
 
 
@@ -25,6 +26,8 @@ class Stream:
     rid: str
     prompt: list[int]
     params: SamplingParams
+    queued: int  # epoch ns
+    scheduled: int = 0
     produced: int = 0
 
     def next_token(self) -> int:
@@ -43,13 +46,14 @@ class NullEngine:
         self.waiting: deque[Stream] = deque()
         self.running: dict[str, Stream] = {}
         self._finished: list[StepOutput] = []
+        self.timings: list[RequestTiming] = []  # of the requests whose first token the last step() gave
         self.prompt_tokens = self.generation_tokens = 0
         self.closed = False
 
-    def add_request(self, rid: str, input_ids: list[int], params: SamplingParams) -> None:
+    def add_request(self, rid: str, input_ids: list[int], params: SamplingParams, queued: int = 0) -> None:
         check_prompt(input_ids, self.max_context_len, self.model_config.vocab_size, self.max_context_len + 1)
         params.validate()
-        self.waiting.append(Stream(rid, list(input_ids), params))
+        self.waiting.append(Stream(rid, list(input_ids), params, queued or time.time_ns()))
 
     def abort_request(self, rid: str) -> None:
         s = self.running.pop(rid, None)
@@ -66,13 +70,18 @@ class NullEngine:
 
     def step(self) -> list[StepOutput]:
         outputs, self._finished = self._finished, []
+        if self.timings:
+            self.timings = []
         while self.waiting and len(self.running) < self.cfg.max_running_requests:
             s = self.waiting.popleft()
+            s.scheduled = time.time_ns()
             self.running[s.rid] = s
             self.prompt_tokens += len(s.prompt)
         done = []
         for s in self.running.values():
             token = s.next_token()
+            if s.produced == 1:
+                self.timings.append(RequestTiming(s.rid, s.queued, s.scheduled, time.time_ns()))
             reason = finish_reason(
                 s.params, token, self.eos_token_ids, len(s.prompt), s.produced, self.max_context_len
             )

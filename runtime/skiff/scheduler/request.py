@@ -33,6 +33,8 @@ class Req:
     finish_reason: FinishReason | None = None
     matched_stop: int | str | None = None
     matcher: Any = None  # the grammar's llguidance matcher, for a constrained request
+    queued_ns: int = 0  # epoch ns it began to wait for the engine (outputs.RequestTiming)
+    scheduled_ns: int = 0  # epoch ns of its first admission to a batch
 
     @property
     def all_ids(self) -> list[int]:

@@ -9,6 +9,7 @@ newest requests are retracted to the queue, their computed prefix left in the ra
 from __future__ import annotations
 
 import bisect
+import time
 from dataclasses import dataclass
 
 from skiff.config import EngineConfig
@@ -121,7 +122,7 @@ class Scheduler:
                 break
             self.waiting.pop(0)
             if not r.admitted:
-                r.admitted, r.cached_tokens = True, r.kv_len
+                r.admitted, r.cached_tokens, r.scheduled_ns = True, r.kv_len, time.time_ns()
             self.running.append(r)
             self._grow(r, n)
             seqs.append(ScheduledSeq(r, r.kv_len, n))

@@ -13,7 +13,7 @@ from typing import Any
 import zmq
 from skiff_process.child import setup_child
 
-from skiff.outputs import StepOutput
+from skiff.outputs import RequestTiming, StepOutput
 from skiff.server import protocol as P
 from skiff.server.args import ServerArgs
 from skiff.server.incremental import IncrementalDecoder, StopMatcher
@@ -53,7 +53,7 @@ class RequestDecodeState:
         self.piece = piece
         self.n_tokens = 0
 
-    def step(self, out: StepOutput) -> DetokenizedChunk:
+    def step(self, out: StepOutput, timing: RequestTiming | None = None) -> DetokenizedChunk:
         token_ids, finish, matched = out.token_ids, out.finish_reason, out.matched_stop
         completion = out.completion_tokens
         text_ids = token_ids
@@ -78,6 +78,7 @@ class RequestDecodeState:
             out.cached_tokens,
             completion,
             out.error,
+            timing,
         )
 
     def token_logprobs(self, out: StepOutput) -> list[TokenLogprob] | None:
@@ -119,13 +120,14 @@ def run_detokenizer(args: ServerArgs, endpoints: P.Endpoints, index: int = 0) ->
             match msg:
                 case DecodeRegistration(rid=rid, options=options, owner=owner):
                     states[rid] = (RequestDecodeState(tok, options, piece), owner)
-                case StepTokens(outputs=outputs):
+                case StepTokens(outputs=outputs, timings=timings):
+                    first = {t.rid: t for t in timings} if timings else None
                     for out in outputs:
                         known = states.get(out.rid)
                         if known is None:  # already finished here (stop string): the engine's abort echo
                             continue
                         st, owner = known
-                        chunk = st.step(out)
+                        chunk = st.step(out, first.get(out.rid) if first else None)
                         if chunk.finish_reason is not None:
                             del states[out.rid]
                             if st.stop.matched is not None and out.finish_reason is None:

@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 
 from skiff.engine.stats import EngineStats
-from skiff.outputs import FinishReason, StepOutput
+from skiff.outputs import FinishReason, RequestTiming, StepOutput
 from skiff.params import SamplingParams
 
 
@@ -80,6 +80,7 @@ class TokenizedRequest(Message):
     max_tokens: int | None
     decode: DecodeOptions
     owner: int = 0
+    tokenized: int = 0  # epoch ns the tokenizer finished: when it began to wait for the engine
 
 
 class AbortRequest(Message):
@@ -100,6 +101,7 @@ class StepTokens(Message):
     """Scheduler -> detokenizer: the new token ids of one engine step."""
 
     outputs: list[StepOutput]
+    timings: list[RequestTiming] = []  # of the requests whose first token is in `outputs`
 
 
 class DetokenizedChunk(msgspec.Struct, frozen=True, array_like=True):
@@ -115,6 +117,7 @@ class DetokenizedChunk(msgspec.Struct, frozen=True, array_like=True):
     cached_tokens: int
     completion_tokens: int
     error: str | None
+    timing: RequestTiming | None = None  # on the request's first chunk only: the engine's milestones
 
     def then(self, later: DetokenizedChunk) -> DetokenizedChunk:
         """This chunk and the same request's next one as one (the later one's counts and finish win)."""
@@ -124,7 +127,11 @@ class DetokenizedChunk(msgspec.Struct, frozen=True, array_like=True):
             else [*(self.logprobs or []), *(later.logprobs or [])]
         )
         return msgspec.structs.replace(
-            later, text=self.text + later.text, n_tokens=self.n_tokens + later.n_tokens, logprobs=logprobs
+            later,
+            text=self.text + later.text,
+            n_tokens=self.n_tokens + later.n_tokens,
+            logprobs=logprobs,
+            timing=self.timing or later.timing,
         )
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import zmq
 from skiff_process.child import setup_child
 
-from skiff.outputs import StepOutput
+from skiff.outputs import RequestTiming, StepOutput
 from skiff.params import InvalidRequest
 from skiff.server import protocol as P
 from skiff.server.args import ServerArgs
@@ -93,7 +93,7 @@ class SchedulerLoop:
                 self.handle(msg)
             busy = self.engine.has_work
             if busy:
-                self.send_outputs(self.engine.step())
+                self.send_outputs(self.engine.step(), self.engine.timings)
             now = time.monotonic()
             # going idle publishes at once, so /metrics never shows the pages of finished requests for long
             if now - self._last_stats >= STATS_INTERVAL or (busy and not self.engine.has_work):
@@ -120,7 +120,7 @@ class SchedulerLoop:
             budget = completion_budget(req, int(self.engine.max_context_len))
             sampling = dataclasses.replace(req.sampling, max_tokens=budget)
             detok = self._dealt % len(self.to_detok)
-            self.engine.add_request(req.rid, req.input_ids, sampling)
+            self.engine.add_request(req.rid, req.input_ids, sampling, req.tokenized)
         except InvalidRequest as e:
             self.to_api.to(req.owner).send(RequestFailed(req.rid, 400, str(e)))
             return
@@ -128,7 +128,7 @@ class SchedulerLoop:
         self.to_detok[detok].send(DecodeRegistration(req.rid, req.decode, req.owner))
         self.live[req.rid] = detok
 
-    def send_outputs(self, outs: list[StepOutput]) -> None:
+    def send_outputs(self, outs: list[StepOutput], timings: list[RequestTiming]) -> None:
         if not outs:
             return
         live = self.live
@@ -137,16 +137,19 @@ class SchedulerLoop:
                 self._tokens_since += len(o.token_ids)
                 if o.finish_reason is not None:
                     live.pop(o.rid, None)
-            self.to_detok[0].send(StepTokens(outs))
+            self.to_detok[0].send(StepTokens(outs, timings))
             return
         shards: list[list[StepOutput]] = [[] for _ in self.to_detok]
+        timing_shards: list[list[RequestTiming]] = [[] for _ in self.to_detok]
+        for t in timings:  # before the outputs below end their requests here
+            timing_shards[live.get(t.rid, 0)].append(t)
         for o in outs:
             self._tokens_since += len(o.token_ids)
             detok = live.pop(o.rid, 0) if o.finish_reason is not None else live.get(o.rid, 0)
             shards[detok].append(o)
-        for box, shard in zip(self.to_detok, shards, strict=True):
+        for box, shard, shard_timings in zip(self.to_detok, shards, timing_shards, strict=True):
             if shard:
-                box.send(StepTokens(shard))
+                box.send(StepTokens(shard, shard_timings))
 
     def send_stats(self, now: float) -> None:
         elapsed = now - self._last_stats if self._last_stats else STATS_INTERVAL

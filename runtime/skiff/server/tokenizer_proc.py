@@ -6,6 +6,7 @@ Several workers may run (--num-tokenizers); each API worker's PUSH socket deals 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import zmq
@@ -105,5 +106,6 @@ def run_tokenizer(args: ServerArgs, endpoints: P.Endpoints, index: int) -> None:
             for rid in msg.rids:
                 to_api.to(msg.owner).send(RequestFailed(rid, 500, f"tokenizer error: {e}"))
             continue
+        done = time.time_ns()
         for rid, sampling in zip(msg.rids, msg.sampling, strict=True):
-            to_sched.send(TokenizedRequest(rid, ids, sampling, msg.max_tokens, msg.decode, msg.owner))
+            to_sched.send(TokenizedRequest(rid, ids, sampling, msg.max_tokens, msg.decode, msg.owner, done))

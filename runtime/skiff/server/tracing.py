@@ -1,11 +1,21 @@
 """Request spans of the API server, with `--otlp-traces-endpoint` (skiff_contract.tracing): one SERVER span
-per generation request, a child of the caller's W3C `traceparent`, and per choice two child spans.
+per generation request, a child of the caller's W3C `traceparent`, and per choice these child spans, all
+cut at wall-clock times (the other processes' stamps, `outputs.RequestTiming`, come once, in the choice's
+first chunk; the pod's processes share one clock):
 
-The engine runs in other processes and its messages carry no per-request timing, so the child spans are
-cut at what this process sees of each choice: `queue_and_prefill` from submission to the first token
-(tokenizing, waiting in the scheduler's queue and the prefill) and `decode` from the first token to the
-last (the detokenizer works alongside, chunk by chunk, so its time is inside). The first token is also an
-event on the request span."""
+    tokenize    this worker submitted the prompt -> a tokenizer finished it (the hop, any wait for a
+                tokenizer busy with other prompts, and the chat template and encoding)
+    queue       tokenized -> first put in a batch: the hop to the scheduler, any engine step it runs
+                meanwhile, and the wait for a running slot or KV pages
+    prefill     first put in a batch -> its first token sampled (all chunks of a chunked prefill)
+    detokenize  first token sampled -> its text reached this worker: the hop to the detokenizer, its pass
+                over that step, and the hop back (every later token takes the same way, inside decode)
+    decode      first token sampled -> the last chunk reached this worker (so it ends with the last
+                token's own way through the detokenizer)
+
+Times are clamped to run forward, so a clock step never gives a span that ends before it starts. A choice
+that ended without a token has no child spans. The first token's arrival is also an event on the request
+span."""
 
 from __future__ import annotations
 
@@ -17,6 +27,7 @@ from typing import Any
 
 from skiff_contract.tracing import Tracing
 
+from skiff.outputs import RequestTiming
 from skiff.server.messages import DetokenizedChunk
 
 TRACED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
@@ -27,11 +38,35 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 @dataclass
 class _Choice:
-    submitted: int  # epoch ns
-    first_token: int | None = None
+    submitted: int  # epoch ns, like every time here
+    timing: RequestTiming | None = None  # the engine's milestones
+    first_token: int | None = None  # ... and when this worker got the first and the last chunk
     finished: int | None = None
     finish_reason: str | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
     completion_tokens: int = 0
+
+    def phases(self) -> list[tuple[str, int, int, dict[str, Any]]]:
+        """(name, start, end, attributes) of the choice's child spans, times clamped to run forward."""
+        t = self.timing
+        if t is None or self.first_token is None:
+            return []
+        queued = max(t.queued, self.submitted)
+        scheduled = max(t.scheduled, queued)
+        sampled = max(t.first_token, scheduled)
+        prompt = {"gen_ai.usage.input_tokens": self.prompt_tokens, "skiff.cached_tokens": self.cached_tokens}
+        out = [
+            ("tokenize", self.submitted, queued, {}),
+            ("queue", queued, scheduled, {}),
+            ("prefill", scheduled, sampled, prompt),
+            ("detokenize", sampled, max(self.first_token, sampled), {}),
+        ]
+        if self.finished is not None:
+            output = {"gen_ai.usage.output_tokens": self.completion_tokens}
+            output["gen_ai.response.finish_reason"] = self.finish_reason or ""
+            out.append(("decode", sampled, max(self.finished, sampled), output))
+        return out
 
 
 @dataclass
@@ -51,6 +86,9 @@ class RequestTrace:
         if choice is None:
             return
         now = time.time_ns()
+        if chunk.timing is not None:
+            choice.timing = chunk.timing
+        choice.prompt_tokens, choice.cached_tokens = chunk.prompt_tokens, chunk.cached_tokens
         if chunk.n_tokens and choice.first_token is None:
             choice.first_token = now
             if index == 0:
@@ -67,19 +105,9 @@ class RequestTrace:
             return
         self.ended = True
         for index, c in self.choices.items():
-            first = c.first_token or c.finished
-            if first is None:
-                continue  # never ran: aborted or failed before any output
-            attrs = {"skiff.choice": index}
-            self.tracing.start("queue_and_prefill", self.span, start_time=c.submitted, attributes=attrs).end(
-                end_time=first
-            )
-            if c.finished is not None:
-                decode = {**attrs, "gen_ai.usage.output_tokens": c.completion_tokens}
-                decode["gen_ai.response.finish_reason"] = c.finish_reason or ""
-                self.tracing.start("decode", self.span, start_time=first, attributes=decode).end(
-                    end_time=c.finished
-                )
+            for name, start, stop, attrs in c.phases():
+                attrs = {"skiff.choice": index, **attrs}
+                self.tracing.start(name, self.span, start_time=start, attributes=attrs).end(end_time=stop)
         total = sum(c.completion_tokens for c in self.choices.values())
         self.span.set_attributes({"http.response.status_code": status, "gen_ai.usage.output_tokens": total})
         self.span.end(end_time=end_ns)
