@@ -482,17 +482,15 @@ void run_rows(int64_t nr, const uint8_t* codes, const S* d, const S* m, const Ac
   run_tile<S, SUBS, U4, T, Q, G>(codes, d, m, a, g, r0, out, ldo);
 }
 
-// Tile shape: activation rows P x output groups G. For U4, 2 x 2 measured fastest for both term counts
-// (against 3 x 1, 1 x 2 and 1 x 3 with two terms; 4 x 1 and 1 x 4 with one), interleaved on one core.
-template <bool U4, int T>
-struct TileShape {
-  static constexpr int P = U4 ? 2 : 4;
-  static constexpr int G = U4 ? 2 : 1;
-};
+// Tile shape: activation rows P x output groups G. For U4 with more than one row, 2 x 2 measured fastest for
+// both term counts (against 3 x 1, 1 x 2 and 1 x 3 with two terms; 4 x 1 and 1 x 4 with one), interleaved on
+// one core; a single row (a one-stream decode step) is faster with one group per tile (fewer streams).
+template <bool U4>
+constexpr int kTileRows = U4 ? 2 : 4;
 
-template <typename S, int SUBS, bool U4, int T>
+template <typename S, int SUBS, bool U4, int T, int G>
 void gemm(const uint8_t* codes, const S* d, const S* m, const Acts& a, int64_t rows, int64_t n, float* y) {
-  constexpr int P = TileShape<U4, T>::P, G = TileShape<U4, T>::G;
+  constexpr int P = kTileRows<U4>;
   constexpr int64_t kTileM = 16 * P;  // rows whose codes stay in L2 while a group's codes stay in L1
   const int64_t groups = (n + kRows - 1) / kRows, full = n / kRows;
   const int64_t tasks = (groups + G - 1) / G;
@@ -529,14 +527,21 @@ void run_gemm(const Format& f, const at::Tensor& codes, const at::Tensor& scales
               const Acts& a, int64_t rows, int64_t n, float* y) {
   const auto* cp = codes.data_ptr<uint8_t>();
   const auto* half_scales = reinterpret_cast<const uint16_t*>(scales.data_ptr());
-  if (f.unsigned4 && f.f16_scales)
-    gemm<uint16_t, 1, true, T>(cp, half_scales, reinterpret_cast<const uint16_t*>(offsets.data_ptr()), a, rows, n, y);
-  else if (f.unsigned4)
-    gemm<float, 1, true, T>(cp, scales.data_ptr<float>(), offsets.data_ptr<float>(), a, rows, n, y);
-  else if (f.f16_scales)
-    gemm<uint16_t, 1, false, T>(cp, half_scales, nullptr, a, rows, n, y);
-  else
-    gemm<float, 2, false, T>(cp, scales.data_ptr<float>(), nullptr, a, rows, n, y);
+  if (f.unsigned4) {
+    using U4Gemm = void (*)(const uint8_t*, const uint16_t*, const uint16_t*, const Acts&, int64_t, int64_t, float*);
+    using U4GemmF = void (*)(const uint8_t*, const float*, const float*, const Acts&, int64_t, int64_t, float*);
+    if (f.f16_scales) {
+      const U4Gemm run = rows > 1 ? gemm<uint16_t, 1, true, T, 2> : gemm<uint16_t, 1, true, T, 1>;
+      run(cp, half_scales, reinterpret_cast<const uint16_t*>(offsets.data_ptr()), a, rows, n, y);
+    } else {
+      const U4GemmF run = rows > 1 ? gemm<float, 1, true, T, 2> : gemm<float, 1, true, T, 1>;
+      run(cp, scales.data_ptr<float>(), offsets.data_ptr<float>(), a, rows, n, y);
+    }
+  } else if (f.f16_scales) {
+    gemm<uint16_t, 1, false, T, 1>(cp, half_scales, nullptr, a, rows, n, y);
+  } else {
+    gemm<float, 2, false, T, 1>(cp, scales.data_ptr<float>(), nullptr, a, rows, n, y);
+  }
 }
 
 // x: [M, K] float32 (rows contiguous); the packed weight of `gguf_pack` for n output rows -> y: [M, n].
