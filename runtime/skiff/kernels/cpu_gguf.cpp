@@ -491,7 +491,7 @@ constexpr int kTileRows = U4 ? 2 : 4;
 template <typename S, int SUBS, bool U4, int T, int G>
 void gemm(const uint8_t* codes, const S* d, const S* m, const Acts& a, int64_t rows, int64_t n, float* y) {
   constexpr int P = kTileRows<U4>;
-  constexpr int64_t kTileM = 16 * P;  // rows whose codes stay in L2 while a group's codes stay in L1
+  constexpr int64_t kTileM = 16 * P;  // activation rows kept in L2 while each group of codes passes over them
   const int64_t groups = (n + kRows - 1) / kRows, full = n / kRows;
   const int64_t tasks = (groups + G - 1) / G;
   const int64_t grain = std::max<int64_t>(1, 256 / (rows * a.kbs * G));  // >= ~256 block dots per task
