@@ -71,7 +71,9 @@ def bound(x: np.ndarray, w: np.ndarray, m: np.ndarray, precise: bool) -> np.ndar
     return step @ np.abs(w - m).T + slack
 
 
-SHAPES = [(1, 20), (3, 8), (5, 24), (70, 40)]  # (rows of x, outputs): partial groups of 8, tiles of 4 and 64
+# (rows of x, outputs): a short last group of 8 (20, 44); odd group counts (24, 40), so a last group runs
+# alone; odd rows beside tiles of 2 (U4) and 4 (S8) rows; more rows than one cache tile (70, 130)
+SHAPES = [(1, 20), (2, 16), (3, 8), (5, 24), (16, 48), (70, 40), (130, 44)]
 
 
 @pytest.mark.parametrize("precise", [True, False], ids=["precise", "int8"])

@@ -1,4 +1,4 @@
-"""Linear layers on a GGUF file's own quantized blocks (CPU, `--quantization gguf`, the default on a GGUF).
+"""Linear layers on a GGUF file's own quantized blocks (CPU, `--quantization auto` or `gguf`).
 
 The loader keeps a GGUF tensor whose type has a kernel as a `GGUFWeight` (its raw blocks, row-major); the
 layers slice, permute and concatenate those rows without touching the numbers, and `GGUFLinear` packs them
@@ -7,10 +7,11 @@ with int8 activations quantized per 32 values. Types without a kernel are dequan
 (gguf.quants.dequantize), which is also the reference the kernels are tested against.
 
 Activations are `precise` by default: two int8 terms per value (the second quantizes what the first
-leaves), twice the integer work for ~1/254 of the error. With one int8 term (llama.cpp's choice) the
-embedded model's greedy tokens left the fp32 reference's (same blocks, dequantized) at 4-6 % of
-teacher-forced positions, and its own prefill and decode disagreed as often: the rounding noise is larger
-than many top-2 logit gaps. With two terms none of 384 positions diverged (docs/performance.md).
+leaves at 1/254 of its step). With one int8 term (llama.cpp's choice) the embedded model's greedy tokens
+left the fp32 reference's (same blocks, dequantized) at ~5 % of teacher-forced positions, and keeping
+two terms only in some layers (the LM head, q/k/v and gate/up; or only for decode rows) still left
+2.5-6.5 %: the rounding noise is larger than many top-2 logit gaps. With two terms everywhere none of
+1,024 positions diverged (docs/performance.md).
 """
 
 from __future__ import annotations
