@@ -178,13 +178,16 @@ def ceiling_section(
 ) -> dict[str, Any]:
     """serving_ceiling.py's measurement: the null engine, direct and through the router, per worker set."""
     import serving_ceiling as sc
+    from skiff.embedded import embedded_model_path
+    from skiff.tokenizer import load_tokenizer
 
+    tok = tokenizer or str(embedded_model_path())
+    model = config_only_dir("qwen3_0_6b", bench, vocab_size=len(load_tokenizer(tok)))
     ap = argparse.ArgumentParser()
     sc.add_arguments(ap)
     argv = ["--router", "--num-clients", str(clients), "--probe-output-len", "4", "--streams"]
     argv += [str(s) for s in streams] + ["--sets", *sets]
-    if tokenizer:
-        argv += ["--tokenizer", tokenizer]
+    argv += ["--model", str(model), "--tokenizer", tok]
     if bench.cpu:
         argv += ["--output-len", "32", "--output-len-512", "16", "--rounds", "1"]
     ns = ap.parse_args(argv)

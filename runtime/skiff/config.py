@@ -21,10 +21,9 @@ class EngineConfig:
     served_model_name: str | None = None
     dtype: DType = "auto"  # fp32 on CPU, bf16 on GPU
     load_format: LoadFormat = "auto"
-    # "auto": a GGUF's own blocks on CPU fp32 ("gguf"), else none; "none": float weights; "int8": int8 weights
-    # and activations on CPU (skiff.layers.quant). None means "none". The default stays "none" until an
-    # idle-machine run shows the GGUF path faster end to end: its prefill tile is still ~4x the int8 one.
-    quantization: str | None = "none"
+    # "auto": a GGUF's own blocks on CPU fp32 ("gguf"), else float weights; "none": float weights; "int8":
+    # int8 weights and activations on CPU (skiff.layers.quant). None means "none".
+    quantization: str | None = "auto"
     kv_cache_dtype: DType = (
         "auto"  # the KV pool's dtype; "auto": the model's. Others: CPU only (SGLang's flag)
     )

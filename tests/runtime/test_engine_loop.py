@@ -44,7 +44,7 @@ def _mixed_params(n: int) -> list[SamplingParams]:
 
 @pytest.fixture(scope="module")
 def overlap_llm(llm_factory_module):
-    return llm_factory_module(None, max_total_tokens=16384, overlap_on_cpu=True)
+    return llm_factory_module(None, max_total_tokens=16384, overlap_on_cpu=True, quantization="none")
 
 
 def test_overlap_lag_matches_the_synchronous_loop(smollm, overlap_llm, tokenizer) -> None:

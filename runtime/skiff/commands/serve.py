@@ -39,9 +39,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--quantization",
         default=d.quantization,
         choices=QUANTIZATION_NAMES,
-        help="none (default): float weights (a GGUF dequantized to fp32); auto: a GGUF model computes on its "
-        "own quantized blocks on CPU, others on float weights; gguf: require that; int8: int8 weights "
-        "and per-token int8 activations on CPU (faster than fp32, measurably less exact)",
+        help="auto (default): a GGUF model computes on its own quantized blocks on CPU, others on float "
+        "weights; gguf: require that; none: float weights (a GGUF dequantized to fp32); int8: int8 weights "
+        "and per-token int8 activations on CPU (measurably less exact)",
     )
     g.add_argument(
         "--kv-cache-dtype",
