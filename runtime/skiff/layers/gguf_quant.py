@@ -113,30 +113,13 @@ class GGUFLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 2 and x.stride(1) == 1:  # the model's case: no reshape ops (~9 us each here)
-            return self._op(
-                x,
-                self.codes,
-                self.scales,
-                self.offsets,
-                self.qtype,
-                self.out_features,
-                self.bias,
-                self.precise,
-            )
+            return self._linear(x)
         rows = x.reshape(-1, x.shape[-1])
-        if rows.stride(-1) != 1:
-            rows = rows.contiguous()
-        y = cpu_kernels.ops().gguf_linear(
-            rows,
-            self.codes,
-            self.scales,
-            self.offsets,
-            self.qtype,
-            self.out_features,
-            self.bias,
-            self.precise,
-        )
-        return y.view(*x.shape[:-1], self.out_features)
+        return self._linear(rows.contiguous()).view(*x.shape[:-1], self.out_features)
+
+    def _linear(self, rows: torch.Tensor) -> torch.Tensor:
+        args = (self.codes, self.scales, self.offsets, self.qtype, self.out_features, self.bias, self.precise)
+        return self._op(rows, *args)
 
 
 class ConcatLinear:
