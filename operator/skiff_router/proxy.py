@@ -8,7 +8,7 @@ response headers arrived is final.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 
 import httpx
@@ -122,32 +122,53 @@ async def open_upstream(
 
 
 async def relay_sse(up: Upstream, strip_usage_chunk: bool) -> AsyncIterator[bytes]:
-    """Forward SSE events as they arrive (one event at a time, never the whole stream), noting usage.
+    """Forward SSE events as they arrive (never the whole stream), noting usage: each read's complete
+    events go out in one write, and a partial event waits for the rest.
 
     When the router itself asked for `include_usage`, the usage-only chunk is noted and not forwarded.
     """
-    buffer = b""
+    pending = b""
     try:
         async for chunk in up.response.aiter_raw():
-            buffer += chunk
-            ready = []  # the complete events of this read, forwarded in one write
-            while (cut := _event_end(buffer)) >= 0:
-                event, buffer = buffer[:cut], buffer[cut:]
-                if _note_usage(event, up.usage) and strip_usage_chunk:
-                    continue
-                ready.append(event)
-            if ready:
-                yield b"".join(ready)
-        if buffer:
-            yield buffer
+            data = pending + chunk if pending else chunk
+            end = _complete_end(data)
+            if end < 0:
+                pending = data
+                continue
+            ready, pending = data[:end], data[end:]
+            if out := _forward(ready, up.usage, strip_usage_chunk):
+                yield out
+        if pending:
+            yield pending
     finally:
         await up.response.aclose()
 
 
-def _event_end(buffer: bytes) -> int:
-    """Index just past the first complete SSE event (blank-line terminated), or -1."""
-    cuts = [i + len(sep) for sep in (b"\n\n", b"\r\n\r\n") if (i := buffer.find(sep)) >= 0]
-    return min(cuts) if cuts else -1
+def _complete_end(data: bytes) -> int:
+    """Index just past the last complete SSE event (blank-line terminated) in data, or -1."""
+    lf, crlf = data.rfind(b"\n\n"), data.rfind(b"\r\n\r\n")
+    return max(lf + 2 if lf >= 0 else -1, crlf + 4 if crlf >= 0 else -1)
+
+
+def _forward(ready: bytes, usage: Usage, strip_usage_chunk: bool) -> bytes:
+    """Complete events as they go to the client. A read of token events is neither split nor parsed:
+    splitting it event by event cost ~37 us per event at 300 events per read (512 streams)."""
+    if b'"usage"' not in ready:
+        if not usage.reported:  # one streamed chunk ~ one token when the backend sends no usage
+            usage.completion_tokens += ready.count(b'"choices"')
+        return ready
+    kept = [e for e in _events(ready) if not (_note_usage(e, usage) and strip_usage_chunk)]
+    return b"".join(kept)
+
+
+def _events(block: bytes) -> Iterator[bytes]:
+    """The SSE events of a block that ends with a complete one."""
+    start = 0
+    while start < len(block):
+        cuts = [i + len(sep) for sep in (b"\n\n", b"\r\n\r\n") if (i := block.find(sep, start)) >= 0]
+        cut = min(cuts) if cuts else len(block)
+        yield block[start:cut]
+        start = cut
 
 
 def _note_usage(event: bytes, usage: Usage) -> bool:
