@@ -24,6 +24,7 @@ import platform
 import random
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -122,22 +123,24 @@ def run_llama(binary: str, gguf: Path, prompts: list[str], args: argparse.Namesp
     cmd += ["--host", "127.0.0.1", "--port", str(port)]
     log = Path(args.log_dir) / "llama-server.log"
     proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, proc, 300)
-        return measure("llama-server", url, EMBEDDED_NAME, prompts, args)
-    finally:
-        stop([proc])
+    return _measure_server("llama-server", proc, port, 300, prompts, args)
 
 
 def run_skiff(prompts: list[str], args: argparse.Namespace) -> list[Phase]:
     port = free_port()
     log = Path(args.log_dir) / "skiff-serve.log"
     proc = start(["serve", "--log-level", "warning", *args.skiff_args], port, log=log)
+    return _measure_server("skiff serve", proc, port, 600, prompts, args)
+
+
+def _measure_server(
+    name: str, proc: subprocess.Popen, port: int, start_s: float, prompts: list[str], args: argparse.Namespace
+) -> list[Phase]:
+    """The phases against a server just started on port; the server is stopped afterwards."""
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(url, proc, 600)
-        return measure("skiff serve", url, EMBEDDED_NAME, prompts, args)
+        wait_healthy(url, proc, start_s)
+        return measure(name, url, EMBEDDED_NAME, prompts, args)
     finally:
         stop([proc])
 
@@ -189,7 +192,7 @@ def main() -> int:
     ap.add_argument("--concurrent-requests", type=int, default=32)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="llama-server -t")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--log-dir", default=".")
+    ap.add_argument("--log-dir", default=tempfile.gettempdir(), help="where the servers' logs go")
     ap.add_argument("--json", default=None)
     ap.add_argument("skiff_args", nargs="*", help="extra `skiff serve` flags (after --); default: none")
     args = ap.parse_args()
