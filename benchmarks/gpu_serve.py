@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from harness import Bench, config_only_dir, out_dir, require_modules, script_args
@@ -122,6 +123,16 @@ def start_router(backend_url: str, workers: int, model: str) -> tuple[Any, str]:
     return proc, url
 
 
+def served_model(bench: Bench, tokenizer: str | None) -> tuple[str, Path]:
+    """The tokenizer (default: the embedded one) and a Qwen3-0.6B config whose vocabulary is cut to it: ids
+    outside it would decode to "" and whole streams would come back empty."""
+    from skiff.embedded import embedded_model_path
+    from skiff.tokenizer import load_tokenizer
+
+    tok = tokenizer or str(embedded_model_path())
+    return tok, config_only_dir("qwen3_0_6b", bench, vocab_size=len(load_tokenizer(tok)))
+
+
 def serve_section(
     bench: Bench,
     rates: list[float],
@@ -132,12 +143,9 @@ def serve_section(
 ) -> dict[str, Any]:
     import httpx  # the serving stack's dependencies: imported only when this section runs
     from servers import free_port, start, stop, wait_healthy
-    from skiff.embedded import embedded_model_path
-    from skiff.tokenizer import load_tokenizer
 
     opts = options or ServeOptions()
-    tok = tokenizer or str(embedded_model_path())
-    path = config_only_dir("qwen3_0_6b", bench, vocab_size=len(load_tokenizer(tok)))
+    tok, path = served_model(bench, tokenizer)
     args = ["serve", "--model", str(path), "--load-format", "dummy", "--tokenizer", tok, "--log-level"]
     args += ["warning", "--context-length", "4096", "--served-model-name", "qwen3"]
     args += ["--api-workers", str(opts.api_workers), "--detokenizer-workers", str(opts.detokenizer_workers)]
@@ -178,11 +186,8 @@ def ceiling_section(
 ) -> dict[str, Any]:
     """serving_ceiling.py's measurement: the null engine, direct and through the router, per worker set."""
     import serving_ceiling as sc
-    from skiff.embedded import embedded_model_path
-    from skiff.tokenizer import load_tokenizer
 
-    tok = tokenizer or str(embedded_model_path())
-    model = config_only_dir("qwen3_0_6b", bench, vocab_size=len(load_tokenizer(tok)))
+    tok, model = served_model(bench, tokenizer)
     ap = argparse.ArgumentParser()
     sc.add_arguments(ap)
     argv = ["--router", "--num-clients", str(clients), "--probe-output-len", "4", "--streams"]

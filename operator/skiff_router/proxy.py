@@ -144,10 +144,12 @@ async def relay_sse(up: Upstream, strip_usage_chunk: bool) -> AsyncIterator[byte
         await up.response.aclose()
 
 
+_EVENT_ENDS = (b"\n\n", b"\r\n\r\n")  # the blank line that ends an SSE event
+
+
 def _complete_end(data: bytes) -> int:
-    """Index just past the last complete SSE event (blank-line terminated) in data, or -1."""
-    lf, crlf = data.rfind(b"\n\n"), data.rfind(b"\r\n\r\n")
-    return max(lf + 2 if lf >= 0 else -1, crlf + 4 if crlf >= 0 else -1)
+    """Index just past the last complete SSE event in data, or -1."""
+    return max((i + len(sep) for sep in _EVENT_ENDS if (i := data.rfind(sep)) >= 0), default=-1)
 
 
 def _forward(ready: bytes, usage: Usage, strip_usage_chunk: bool) -> bytes:
@@ -165,8 +167,9 @@ def _events(block: bytes) -> Iterator[bytes]:
     """The SSE events of a block that ends with a complete one."""
     start = 0
     while start < len(block):
-        cuts = [i + len(sep) for sep in (b"\n\n", b"\r\n\r\n") if (i := block.find(sep, start)) >= 0]
-        cut = min(cuts) if cuts else len(block)
+        cut = min(
+            (i + len(sep) for sep in _EVENT_ENDS if (i := block.find(sep, start)) >= 0), default=len(block)
+        )
         yield block[start:cut]
         start = cut
 

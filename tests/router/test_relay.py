@@ -63,9 +63,8 @@ def test_relay_forwards_everything_and_counts_chunks_when_the_backend_sends_no_u
     blob = b"".join(_token(i, b"\r\n\r\n" if i % 3 else b"\n\n") for i in range(300)) + DONE
     out, up, _ = _relay(_cut(blob, size), strip=False)
     assert out == blob
-    assert (
-        not up.usage.reported and up.usage.completion_tokens == 300
-    )  # the text's escaped "choices" is not one
+    # one per event: the escaped "choices" inside each event's text is not counted
+    assert not up.usage.reported and up.usage.completion_tokens == 300
 
 
 def test_relay_keeps_the_usage_chunk_the_client_asked_for() -> None:
