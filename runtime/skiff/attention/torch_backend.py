@@ -22,6 +22,16 @@ def _heads_first(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(0, 1).unsqueeze(0)
 
 
+def decode_page_table(batch: ForwardBatch) -> torch.Tensor:
+    """[num_decode, max pages] int64 page ids of the decode sequences, each row padded with page 0."""
+    nd, ps = batch.num_decode, batch.page_size
+    max_pages = -(-max(batch.seq_lens[:nd]) // ps)
+    table = torch.zeros(nd, max_pages, dtype=torch.int64)
+    for i, pages in enumerate(batch.page_tables[:nd]):
+        table[i, : len(pages)] = torch.tensor(pages[:max_pages], dtype=torch.int64)
+    return table
+
+
 @dataclass
 class _Prefill:
     rows: slice  # token rows of this sequence in the batch
@@ -39,10 +49,8 @@ class TorchBackend(AttentionBackend):
         self.decode_pages = self.decode_mask = None
         if nd:
             lens = batch.seq_lens[:nd]
-            max_pages = -(-max(lens) // ps)
-            table = torch.zeros(nd, max_pages, dtype=torch.int64)  # page 0 pads: masked below
-            for i, pages in enumerate(batch.page_tables[:nd]):
-                table[i, : len(pages)] = torch.tensor(pages[:max_pages], dtype=torch.int64)
+            table = decode_page_table(batch)  # page 0 pads: masked below
+            max_pages = table.shape[1]
             self.in_place = (
                 device.type == "cpu" and self.pool.compute_dtype == torch.float32 and cpu_kernels.available()
             )

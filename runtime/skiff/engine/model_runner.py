@@ -21,6 +21,7 @@ from skiff.layers.quant import QUANTIZATIONS, check_supported
 from skiff.loader import iter_tensors, load_weights
 from skiff.loader.dummy import init_dummy_weights
 from skiff.models import ModelConfig, build_model
+from skiff.models.decode_stack import DecodeStack
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,7 @@ class ModelRunner:
         )
         backend = get_backend(resolve_backend(cfg.attention_backend, device))
         self.backend = backend(self.pool, self.num_heads, self.num_kv_heads, model_cfg.head_dim)
+        self.decode_stack = DecodeStack.build(self.model, self.backend) if device.type == "cpu" else None
         self.graphs: DecodeGraphs | None = None
         if (
             device.type == "cuda"
@@ -143,6 +145,9 @@ class ModelRunner:
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         if self.graphs is not None and self.graphs.can_run(batch):
             return self.graphs.replay(batch)
-        self.backend.prepare(batch)
-        hidden = self.model(batch.input_ids, batch.positions, self.backend)
+        if self.decode_stack is not None and batch.is_decode:
+            hidden = self.decode_stack(batch)
+        else:
+            self.backend.prepare(batch)
+            hidden = self.model(batch.input_ids, batch.positions, self.backend)
         return self.model.compute_logits(hidden.index_select(0, batch.logit_rows))

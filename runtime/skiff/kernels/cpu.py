@@ -1,6 +1,6 @@
 """Skiff's CPU kernels (fused fp32 ops in cpu_kernels.cpp, the int8 linear in cpu_int8.cpp, linears on GGUF
-blocks in cpu_gguf.cpp, paged decode attention), compiled on first use into one library and loaded as
-`torch.ops.skiff_cpu`.
+blocks in cpu_gguf.cpp, paged decode attention, a decode step through all layers in cpu_decode_stack.cpp),
+compiled on first use into one library and loaded as `torch.ops.skiff_cpu`.
 
 The library is built with the machine's C++ compiler against the installed torch (about 10 s, once) and
 cached under the Skiff cache directory, keyed by the source, the torch version and the CPU's flags
@@ -27,8 +27,15 @@ log = logging.getLogger(__name__)
 
 SOURCES = [
     Path(__file__).with_name(name)
-    for name in ("cpu_kernels.cpp", "cpu_int8.cpp", "cpu_gguf.cpp", "cpu_decode_attention.cpp")
+    for name in (
+        "cpu_kernels.cpp",
+        "cpu_int8.cpp",
+        "cpu_gguf.cpp",
+        "cpu_decode_attention.cpp",
+        "cpu_decode_stack.cpp",
+    )
 ]
+HEADERS = [Path(__file__).with_name("cpu_ops.h")]
 
 
 def _cpu_flags() -> str:
@@ -42,7 +49,7 @@ def _cpu_flags() -> str:
 def _library_path() -> Path:
     from skiff.tokenizer import cache_dir
 
-    sources = b"".join(src.read_bytes() for src in SOURCES)
+    sources = b"".join(src.read_bytes() for src in SOURCES + HEADERS)
     key = hashlib.sha256(sources + torch.__version__.encode() + _cpu_flags().encode()).hexdigest()[:16]
     name = f"skiff_cpu_{key}.so"
     # An image ships the library prebuilt (read-only) for the CPU it was built on; any other CPU builds its own.

@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
+#include "cpu_ops.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define SKIFF_DECODE_SIMD 1
@@ -244,6 +245,14 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
 }
 
 }  // namespace
+
+namespace skiff_cpu {
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                  const at::Tensor& page_table, const at::Tensor& seq_lens, int64_t page_size,
+                                  double scale) {
+  return ::paged_decode_attention(q, k_cache, v_cache, page_table, seq_lens, page_size, scale);
+}
+}  // namespace skiff_cpu
 
 TORCH_LIBRARY_FRAGMENT(skiff_cpu, m) {
   m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor page_table, Tensor seq_lens, "

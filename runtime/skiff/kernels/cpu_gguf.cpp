@@ -29,6 +29,7 @@
 #include <ATen/ops/zeros.h>
 #include <c10/util/Half.h>
 #include <torch/library.h>
+#include "cpu_ops.h"
 
 #include <algorithm>
 #include <cmath>
@@ -590,6 +591,14 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
 }
 
 }  // namespace
+
+namespace skiff_cpu {
+at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
+                       const at::Tensor& offsets, int64_t type, int64_t n, const c10::optional<at::Tensor>& bias,
+                       bool precise) {
+  return ::gguf_linear(x, codes, scales, offsets, type, n, bias, precise);
+}
+}  // namespace skiff_cpu
 
 TORCH_LIBRARY_FRAGMENT(skiff_cpu, m) {
   m.def("gguf_pack(Tensor raw, int type, int k) -> (Tensor, Tensor, Tensor)", &gguf_pack);

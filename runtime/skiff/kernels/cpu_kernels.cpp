@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
+#include "cpu_ops.h"
 
 #include <algorithm>
 #include <cmath>
@@ -213,6 +214,17 @@ at::Tensor argmax_rows(const at::Tensor& x) {
 }
 
 }  // namespace
+
+namespace skiff_cpu {
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) { return ::rms_norm(x, weight, eps); }
+void add_rms_norm_(at::Tensor x, at::Tensor residual, const at::Tensor& weight, double eps) {
+  ::add_rms_norm_(x, residual, weight, eps);
+}
+void rope_(at::Tensor q, at::Tensor k, const at::Tensor& positions, const at::Tensor& cos_sin, int64_t head_dim) {
+  ::rope_(q, k, positions, cos_sin, head_dim);
+}
+at::Tensor silu_and_mul(const at::Tensor& x) { return ::silu_and_mul(x); }
+}  // namespace skiff_cpu
 
 TORCH_LIBRARY_FRAGMENT(skiff_cpu, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor", &rms_norm);
