@@ -67,21 +67,13 @@ class DecodeStack:
             or not cpu_kernels.available()
         ):
             return None
-        kernels = []
-        for layer in model.layers:
-            found = [
-                _kernel(m)
-                for m in (
-                    layer.self_attn.qkv_proj,
-                    layer.self_attn.o_proj,
-                    layer.mlp.gate_up_proj,
-                    layer.mlp.down_proj,
-                )
-            ]
-            if any(k is None for k in found) or len({k.precise for k in found}) != 1:  # type: ignore[union-attr]
-                return None
-            kernels.append(found)
-        if len({ks[0].precise for ks in kernels}) != 1:
+        kernels = [
+            [_kernel(layer.self_attn.qkv_proj), _kernel(layer.self_attn.o_proj)]
+            + [_kernel(layer.mlp.gate_up_proj), _kernel(layer.mlp.down_proj)]
+            for layer in model.layers
+        ]
+        found = [k for ks in kernels for k in ks]
+        if None in found or len({k.precise for k in found}) != 1:  # type: ignore[union-attr]
             return None
         return cls(model, backend, kernels)  # type: ignore[arg-type]
 
