@@ -241,6 +241,9 @@ def test_every_panel_and_alert_returns_series(stack: Stack) -> None:
         'skiff_operator_reconcile_failures_total{inferenceservice="broken", reason="Invalid"}',
         'skiff_operator_inferenceservice_phase{inferenceservice="smol", phase="Ready"} == 1',
         'sum(skiff_router_routed_total{model="smol"}) >= 3',
+        # a labelled counter is exported from its first increment, and rate() needs two scrapes of it: on a
+        # loaded CI machine the panels' queries once ran one scrape after the first finished request
+        f"sum(rate(skiff:requests_finished_total[{RATE_INTERVAL}]))",
     ]
     wait_for(
         lambda: all(stack.query(q) for q in wanted),
