@@ -103,7 +103,7 @@ class ModelRunner:
         )
         backend = get_backend(resolve_backend(cfg.attention_backend, device))
         self.backend = backend(self.pool, self.num_heads, self.num_kv_heads, model_cfg.head_dim)
-        self.decode_stack = DecodeStack.build(self.model, self.backend) if device.type == "cpu" else None
+        self.decode_stack = DecodeStack.build(self.model, self.backend)
         self.graphs: DecodeGraphs | None = None
         if (
             device.type == "cuda"
