@@ -35,7 +35,7 @@ SOURCES = [
         "cpu_decode_stack.cpp",
     )
 ]
-HEADERS = [Path(__file__).with_name("cpu_ops.h")]
+HEADERS = [Path(__file__).with_name(name) for name in ("cpu_ops.h", "cpu_parallel.h")]
 
 
 def _cpu_flags() -> str:

@@ -1,12 +1,13 @@
 // Decode attention on CPU, read straight from the paged KV pool: one query token per sequence against its
 // pages, for the torch backend's fp32 models. The pool may hold fp32, fp16 or bf16; narrow rows widen to
 // fp32 in registers as they load (F16C / a shift), so a narrow pool halves the bytes read, which is what a
-// decode step's attention waits on. Work items are (sequence, KV head) pairs, split with at::parallel_for.
+// decode step's attention waits on. Work items are (sequence, KV head) pairs, split by cpu_parallel.h.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 #include "cpu_ops.h"
+#include "cpu_parallel.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define SKIFF_DECODE_SIMD 1
@@ -24,7 +25,6 @@ namespace {
 
 constexpr int64_t kMaxGroup = 64;  // query heads per KV head
 constexpr int64_t kBlock = 8;      // tokens scored per pass: eight dot products reduced together
-constexpr int64_t kPrefetch = 16;  // rows ahead whose first cache line is prefetched (rows are scattered in pages)
 
 struct Bf16 {
   uint16_t bits;
@@ -76,38 +76,53 @@ inline __m256 exp8(__m256 x) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 }
 
-// One (sequence, KV head) item: `group` query heads q (scaled, [group, D]) over `len` tokens whose K and V
-// rows start at krows[t] / vrows[t]. D: the head dim, 64 or a multiple of 64 (the V pass's column blocks).
-// scores: [group, len] scratch. out: [group, D].
+// One sequence's KV heads [h0, h1) and their query heads, page by page. A page's slots are contiguous
+// ([page_size, Hkv, D]), so with all of a sequence's KV heads in one item each page is one sequential run of
+// memory for the K pass and one for the V pass (a single KV head reads a third of every row's lines, in
+// strides). Each score is eight partial sums reduced together, a head's V sum runs over its tokens in order.
+// q: [hq, D] scaled, the item's heads; k_pool/v_pool: [slots, Hkv, D]; pages: the sequence's page ids; scores: [hq, len] scratch;
+// out: [hq, D], the item's heads.
 template <typename KV, int64_t D>
-void attend(const float* q, const KV* const* krows, const KV* const* vrows, int64_t len, int64_t group,
-            float* scores, float* out) {
-  // Scores, eight tokens at a time; each block's K rows are read from memory once and stay in L1 for the
-  // group's other heads.
-  int64_t t = 0;
-  for (; t + kBlock <= len; t += kBlock) {
-    for (int64_t j = 0; j < kBlock && t + kPrefetch + j < len; ++j)
-      _mm_prefetch(reinterpret_cast<const char*>(krows[t + kPrefetch + j]), _MM_HINT_T0);
-    for (int64_t g = 0; g < group; ++g) {
-      const float* qg = q + g * D;
-      __m256 acc[kBlock];
-      for (int64_t j = 0; j < kBlock; ++j) acc[j] = _mm256_setzero_ps();
-      for (int64_t c = 0; c < D; c += 8) {
-        const __m256 qv = _mm256_loadu_ps(qg + c);
-        for (int64_t j = 0; j < kBlock; ++j) acc[j] = _mm256_fmadd_ps(qv, load8(krows[t + j] + c), acc[j]);
+void attend_pages(const float* q, const KV* k_pool, const KV* v_pool, const int64_t* pages, int64_t page_size,
+                  int64_t len, int64_t h0, int64_t h1, int64_t hkv, int64_t group, float* scores, float* out) {
+  const int64_t heads = h1 - h0, hq = heads * group, row = hkv * D;
+  const int64_t npages = (len + page_size - 1) / page_size;
+  auto page_rows = [&](const KV* pool, int64_t p) { return pool + pages[p] * page_size * row + h0 * D; };
+  auto prefetch_page = [&](const KV* base, int64_t tokens) {
+    for (int64_t t = 0; t < tokens; ++t) {
+      const char* c = reinterpret_cast<const char*>(base + t * row);
+      for (int64_t off = 0; off < heads * D * static_cast<int64_t>(sizeof(KV)); off += 64) _mm_prefetch(c + off, _MM_HINT_T0);
+    }
+  };
+  // K pass: scores of every head, eight tokens at a time (a page's tokens in L1 for all heads)
+  for (int64_t p = 0; p < npages; ++p) {
+    const KV* base = page_rows(k_pool, p);
+    const int64_t t0 = p * page_size, n = std::min(page_size, len - t0);
+    if (p + 1 < npages) prefetch_page(page_rows(k_pool, p + 1), std::min(page_size, len - t0 - page_size));
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t g = 0; g < group; ++g) {
+        const float* qg = q + (h * group + g) * D;
+        float* s = scores + (h * group + g) * len + t0;
+        int64_t j0 = 0;
+        for (; j0 + kBlock <= n; j0 += kBlock) {
+          __m256 acc[kBlock];
+          for (int64_t j = 0; j < kBlock; ++j) acc[j] = _mm256_setzero_ps();
+          for (int64_t c = 0; c < D; c += 8) {
+            const __m256 qv = _mm256_loadu_ps(qg + c);
+            for (int64_t j = 0; j < kBlock; ++j) acc[j] = _mm256_fmadd_ps(qv, load8(base + (j0 + j) * row + h * D + c), acc[j]);
+          }
+          _mm256_storeu_ps(s + j0, hsum8(acc));
+        }
+        for (; j0 < n; ++j0) {
+          __m256 acc = _mm256_setzero_ps();
+          for (int64_t c = 0; c < D; c += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qg + c), load8(base + j0 * row + h * D + c), acc);
+          s[j0] = hsum(acc);
+        }
       }
-      _mm256_storeu_ps(scores + g * len + t, hsum8(acc));
-    }
   }
-  for (; t < len; ++t)
-    for (int64_t g = 0; g < group; ++g) {
-      __m256 acc = _mm256_setzero_ps();
-      for (int64_t c = 0; c < D; c += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + g * D + c), load8(krows[t] + c), acc);
-      scores[g * len + t] = hsum(acc);
-    }
-  // Softmax of each head's scores, held whole: at decode lengths cheaper than an online softmax.
-  float inv_sum[kMaxGroup];
-  for (int64_t g = 0; g < group; ++g) {
+  thread_local std::vector<float> inv_sum;
+  inv_sum.resize(hq);
+  for (int64_t g = 0; g < hq; ++g) {
     float* s = scores + g * len;
     float m = s[0];
     for (int64_t i = 1; i < len; ++i) m = std::max(m, s[i]);
@@ -123,22 +138,32 @@ void attend(const float* q, const KV* const* krows, const KV* const* vrows, int6
     for (; i < len; ++i) total += (s[i] = std::exp(s[i] - m));
     inv_sum[g] = 1.0f / total;
   }
-  // Weighted sum of V, one head at a time over 64-column blocks: eight accumulators stay in registers across
-  // the pass over the tokens and each row block is read whole (after the first head, from cache).
-  for (int64_t g = 0; g < group; ++g) {
-    const float* w = scores + g * len;
-    const __m256 inv = _mm256_set1_ps(inv_sum[g]);
-    for (int64_t c0 = 0; c0 < D; c0 += 64) {
-      constexpr int64_t kCols = D < 64 ? D : 64;
-      __m256 acc[kCols / 8];
-      for (int64_t j = 0; j < kCols / 8; ++j) acc[j] = _mm256_setzero_ps();
-      for (int64_t i = 0; i < len; ++i) {
-        if (g == 0 && i + kPrefetch < len) _mm_prefetch(reinterpret_cast<const char*>(vrows[i + kPrefetch] + c0), _MM_HINT_T0);
-        const __m256 wt = _mm256_broadcast_ss(w + i);
-        for (int64_t j = 0; j < kCols / 8; ++j) acc[j] = _mm256_fmadd_ps(wt, load8(vrows[i] + c0 + 8 * j), acc[j]);
+  // V pass: each head's 64-column accumulators in registers over a page's tokens, kept in `out` between pages
+  std::fill(out, out + hq * D, 0.0f);
+  for (int64_t p = 0; p < npages; ++p) {
+    const KV* base = page_rows(v_pool, p);
+    const int64_t t0 = p * page_size, n = std::min(page_size, len - t0);
+    if (p + 1 < npages) prefetch_page(page_rows(v_pool, p + 1), std::min(page_size, len - t0 - page_size));
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t g = 0; g < group; ++g) {
+        const float* w = scores + (h * group + g) * len + t0;
+        float* o = out + (h * group + g) * D;
+        for (int64_t c0 = 0; c0 < D; c0 += 64) {
+          constexpr int64_t kCols = D < 64 ? D : 64;
+          __m256 acc[kCols / 8];
+          for (int64_t j = 0; j < kCols / 8; ++j) acc[j] = _mm256_loadu_ps(o + c0 + 8 * j);
+          for (int64_t i = 0; i < n; ++i) {
+            const __m256 wt = _mm256_broadcast_ss(w + i);
+            for (int64_t j = 0; j < kCols / 8; ++j)
+              acc[j] = _mm256_fmadd_ps(wt, load8(base + i * row + h * D + c0 + 8 * j), acc[j]);
+          }
+          for (int64_t j = 0; j < kCols / 8; ++j) _mm256_storeu_ps(o + c0 + 8 * j, acc[j]);
+        }
       }
-      for (int64_t j = 0; j < kCols / 8; ++j) _mm256_storeu_ps(out + g * D + c0 + 8 * j, _mm256_mul_ps(acc[j], inv));
-    }
+  }
+  for (int64_t g = 0; g < hq; ++g) {
+    const __m256 inv = _mm256_set1_ps(inv_sum[g]);
+    for (int64_t c = 0; c < D; c += 8) _mm256_storeu_ps(out + g * D + c, _mm256_mul_ps(_mm256_loadu_ps(out + g * D + c), inv));
   }
 }
 
@@ -203,32 +228,40 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   const float sc = static_cast<float>(scale);
   auto run = [&](const auto* pk, const auto* pv) {
     using KV = std::remove_cv_t<std::remove_pointer_t<decltype(pk)>>;
-    at::parallel_for(0, batch * hkv, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> scores(group * max_len), qg(group * d);
-      std::vector<const KV*> krows(max_len), vrows(max_len);
-      for (int64_t idx = begin; idx < end; ++idx) {
-        const int64_t b = idx / hkv, h = idx % hkv, len = lens[b];
-        for (int64_t g = 0; g < group; ++g)
-          for (int64_t i = 0; i < d; ++i) qg[g * d + i] = pq[b * qs0 + (h * group + g) * qs1 + i] * sc;
-        const int64_t* pages = pt + b * max_pages;
-        for (int64_t t = 0; t < len; ++t) {
-          const int64_t slot = pages[t / page_size] * page_size + t % page_size;
-          krows[t] = pk + slot * row + h * d;
-          vrows[t] = pv + slot * row + h * d;
-        }
-        float* o = po + (b * hq + h * group) * d;
 #if SKIFF_DECODE_SIMD
-        if (d == 64) {
-          attend<KV, 64>(qg.data(), krows.data(), vrows.data(), len, group, scores.data(), o);
-          continue;
-        }
-        if (d == 128) {
-          attend<KV, 128>(qg.data(), krows.data(), vrows.data(), len, group, scores.data(), o);
-          continue;
-        }
+    if (d == 64 || d == 128) {
+      // a whole sequence per item once there are enough sequences to share out; else one KV head per item
+      const int64_t per_item = batch >= 2 * at::get_num_threads() ? hkv : 1, parts = hkv / per_item;
+      skiff_cpu::for_each_item(batch * parts, [&](int64_t idx) {
+        thread_local std::vector<float> scores, qg;
+        const int64_t b = idx / parts, h0 = idx % parts * per_item, len = lens[b], hq_item = per_item * group;
+        scores.resize(hq_item * len), qg.resize(hq_item * d);
+        for (int64_t g = 0; g < hq_item; ++g)
+          for (int64_t i = 0; i < d; ++i) qg[g * d + i] = pq[b * qs0 + (h0 * group + g) * qs1 + i] * sc;
+        float* o = po + (b * hq + h0 * group) * d;
+        const int64_t* pages = pt + b * max_pages;
+        if (d == 64)
+          attend_pages<KV, 64>(qg.data(), pk, pv, pages, page_size, len, h0, h0 + per_item, hkv, group, scores.data(), o);
+        else
+          attend_pages<KV, 128>(qg.data(), pk, pv, pages, page_size, len, h0, h0 + per_item, hkv, group, scores.data(), o);
+      });
+      return;
+    }
 #endif
-        attend_any<KV>(qg.data(), krows.data(), vrows.data(), len, group, d, scores.data(), o);
+    skiff_cpu::for_each_item(batch * hkv, [&](int64_t idx) {
+      thread_local std::vector<float> scores, qg;
+      thread_local std::vector<const KV*> krows, vrows;
+      scores.resize(group * max_len), qg.resize(group * d), krows.resize(max_len), vrows.resize(max_len);
+      const int64_t b = idx / hkv, h = idx % hkv, len = lens[b];
+      for (int64_t g = 0; g < group; ++g)
+        for (int64_t i = 0; i < d; ++i) qg[g * d + i] = pq[b * qs0 + (h * group + g) * qs1 + i] * sc;
+      const int64_t* pages = pt + b * max_pages;
+      for (int64_t t = 0; t < len; ++t) {
+        const int64_t slot = pages[t / page_size] * page_size + t % page_size;
+        krows[t] = pk + slot * row + h * d;
+        vrows[t] = pv + slot * row + h * d;
       }
+      attend_any<KV>(qg.data(), krows.data(), vrows.data(), len, group, d, scores.data(), po + (b * hq + h * group) * d);
     });
   };
   switch (kv_type) {

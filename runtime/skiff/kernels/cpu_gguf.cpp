@@ -30,6 +30,7 @@
 #include <c10/util/Half.h>
 #include <torch/library.h>
 #include "cpu_ops.h"
+#include "cpu_parallel.h"
 
 #include <algorithm>
 #include <cmath>
@@ -495,28 +496,29 @@ void gemm(const uint8_t* codes, const S* d, const S* m, const Acts& a, int64_t r
   constexpr int64_t kTileM = 16 * P;  // activation rows kept in L2 while each group of codes passes over them
   const int64_t groups = (n + kRows - 1) / kRows, full = n / kRows;
   const int64_t tasks = (groups + G - 1) / G;
-  const int64_t grain = std::max<int64_t>(1, 256 / (rows * a.kbs * G));  // >= ~256 block dots per task
-  at::parallel_for(0, tasks, grain, [&](int64_t lo, int64_t hi) {
+  const int64_t grain = std::max<int64_t>(1, 256 / (rows * a.kbs * G));  // >= ~256 block dots per item
+  // Items: a row tile of kTileM rows x `grain` tasks, row tile by row tile (cpu_parallel.h splits them).
+  const int64_t chunks = (tasks + grain - 1) / grain, items = (rows + kTileM - 1) / kTileM * chunks;
+  skiff_cpu::for_each_item(items, [&](int64_t item) {
     alignas(32) float scratch[P * kRows];
-    for (int64_t m0 = 0; m0 < rows; m0 += kTileM) {
-      const int64_t m1 = std::min(rows, m0 + kTileM);
-      for (int64_t task = lo; task < hi; ++task) {
-        const int64_t g0 = task * G, g1 = std::min(groups, g0 + G);
-        for (int64_t r = m0; r < m1; r += P) {
-          const int64_t nr = std::min<int64_t>(P, m1 - r);
-          if (g1 - g0 == G && g1 <= full) {
-            run_rows<S, SUBS, U4, T, P, G>(nr, codes, d, m, a, g0, r, y + r * n + g0 * kRows, n);
-            continue;
-          }
-          for (int64_t g = g0; g < g1; ++g) {  // the last groups, one at a time; a short one through scratch
-            const bool direct = g < full;
-            float* out = direct ? y + r * n + g * kRows : scratch;
-            run_rows<S, SUBS, U4, T, P, 1>(nr, codes, d, m, a, g, r, out, direct ? n : kRows);
-            if (direct) continue;
-            const int64_t cols = n - g * kRows;
-            for (int64_t rr = 0; rr < nr; ++rr)
-              for (int64_t j = 0; j < cols; ++j) y[(r + rr) * n + g * kRows + j] = scratch[rr * kRows + j];
-          }
+    const int64_t m0 = item / chunks * kTileM, m1 = std::min(rows, m0 + kTileM);
+    const int64_t t0 = item % chunks * grain, t1 = std::min(tasks, t0 + grain);
+    for (int64_t task = t0; task < t1; ++task) {
+      const int64_t g0 = task * G, g1 = std::min(groups, g0 + G);
+      for (int64_t r = m0; r < m1; r += P) {
+        const int64_t nr = std::min<int64_t>(P, m1 - r);
+        if (g1 - g0 == G && g1 <= full) {
+          run_rows<S, SUBS, U4, T, P, G>(nr, codes, d, m, a, g0, r, y + r * n + g0 * kRows, n);
+          continue;
+        }
+        for (int64_t g = g0; g < g1; ++g) {  // the last groups, one at a time; a short one through scratch
+          const bool direct = g < full;
+          float* out = direct ? y + r * n + g * kRows : scratch;
+          run_rows<S, SUBS, U4, T, P, 1>(nr, codes, d, m, a, g, r, out, direct ? n : kRows);
+          if (direct) continue;
+          const int64_t cols = n - g * kRows;
+          for (int64_t rr = 0; rr < nr; ++rr)
+            for (int64_t j = 0; j < cols; ++j) y[(r + rr) * n + g * kRows + j] = scratch[rr * kRows + j];
         }
       }
     }
