@@ -25,7 +25,7 @@ class EngineConfig:
     # int8 weights and activations on CPU (skiff.layers.quant). None means "none".
     quantization: str | None = "auto"
     kv_cache_dtype: DType = (
-        "auto"  # the KV pool's dtype; "auto": the model's. Others: CPU only (SGLang's flag)
+        "auto"  # the KV pool's dtype; "auto": the model's (fp16 on a GGUF's own blocks). Others: CPU only
     )
     device: str = "auto"  # "cpu", "cuda" or "auto"
     tp: int = 1

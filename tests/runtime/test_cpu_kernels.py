@@ -119,7 +119,9 @@ def test_paged_decode_attention_matches_sdpa(
         ).squeeze(1)
         torch.testing.assert_close(out[b], want, rtol=1e-4, atol=1e-5)
     # alone, a sequence is split by KV head across the threads (in a batch it is one work item): same bits
-    one = k.paged_decode_attention(q[-1:], kc, vc, table[-1:].contiguous(), lens[-1:], page_size, head_dim**-0.5)
+    one = k.paged_decode_attention(
+        q[-1:], kc, vc, table[-1:].contiguous(), lens[-1:], page_size, head_dim**-0.5
+    )
     assert torch.equal(one[0], out[-1])
 
 

@@ -24,6 +24,9 @@ def smollm_default():
 def test_auto_on_a_gguf_is_its_own_blocks(smollm_default, smollm) -> None:
     assert smollm_default.engine.runner.quantization == "gguf"
     assert smollm.engine.runner.quantization is None  # quantization="none": the fp32 reference
+    # the KV cache on the blocks is fp16 (as llama.cpp's); the agreement test below runs on it
+    assert smollm_default.engine.runner.kv_dtype == torch.float16
+    assert smollm.engine.runner.kv_dtype == torch.float32
     cpu, fp32 = torch.device("cpu"), torch.float32
     assert resolve_quantization("auto", False, cpu, fp32) is None  # an HF directory keeps float weights
     assert resolve_quantization("auto", True, torch.device("cuda"), torch.bfloat16) is None

@@ -47,7 +47,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--kv-cache-dtype",
         default=d.kv_cache_dtype,
         choices=DTYPE_NAMES,
-        help="KV cache dtype (default: the model's); float16 on an fp32 CPU model halves its memory traffic",
+        help="KV cache dtype (auto: the model's; float16 on a GGUF's own blocks, as llama.cpp); float16 on an fp32 "
+        "CPU model halves its memory traffic",
     )
     g.add_argument("--max-running-requests", type=int, default=d.max_running_requests)
     g.add_argument("--chunked-prefill-size", type=int, default=d.chunked_prefill_size)

@@ -40,6 +40,15 @@ def resolve_dtype(cfg: EngineConfig, device: torch.device) -> torch.dtype:
     return DTYPES[cfg.dtype]
 
 
+def kv_cache_dtype(name: str, dtype: torch.dtype, quantization: str | None) -> torch.dtype:
+    """The KV pool's dtype: "auto" is the model's, except on a GGUF's own blocks (a CPU fp32 model), where it is
+    fp16 as in llama.cpp: half the bytes a decode step's attention reads, and the greedy tokens' agreement with
+    the fp32 reference unchanged (docs/performance.md)."""
+    if name != "auto":
+        return DTYPES[name]
+    return torch.float16 if quantization == "gguf" else dtype
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -85,7 +94,7 @@ class ModelRunner:
             log.info("CPU kernels: %s", "on" if cpu_kernels.available() else "off (pure-torch ops)")
         attn = model.layers[0].self_attn
         self.num_heads, self.num_kv_heads = attn.num_heads, attn.num_kv_heads
-        self.kv_dtype = dtype if cfg.kv_cache_dtype == "auto" else DTYPES[cfg.kv_cache_dtype]
+        self.kv_dtype = kv_cache_dtype(cfg.kv_cache_dtype, dtype, quantization)
         if self.kv_dtype != dtype and device.type != "cpu":
             raise ValueError(
                 "--kv-cache-dtype other than the model's dtype is a CPU path (the torch backend)"
