@@ -94,11 +94,16 @@ void attend_pages(const float* q, const KV* k_pool, const KV* v_pool, const int6
       for (int64_t off = 0; off < heads * D * static_cast<int64_t>(sizeof(KV)); off += 64) _mm_prefetch(c + off, _MM_HINT_T0);
     }
   };
+  // body(rows of the page's first token, its first token's index, its tokens), the next page prefetched
+  auto each_page = [&](const KV* pool, const auto& body) {
+    for (int64_t p = 0; p < npages; ++p) {
+      const int64_t t0 = p * page_size;
+      if (p + 1 < npages) prefetch_page(page_rows(pool, p + 1), std::min(page_size, len - t0 - page_size));
+      body(page_rows(pool, p), t0, std::min(page_size, len - t0));
+    }
+  };
   // K pass: scores of every head, eight tokens at a time (a page's tokens in L1 for all heads)
-  for (int64_t p = 0; p < npages; ++p) {
-    const KV* base = page_rows(k_pool, p);
-    const int64_t t0 = p * page_size, n = std::min(page_size, len - t0);
-    if (p + 1 < npages) prefetch_page(page_rows(k_pool, p + 1), std::min(page_size, len - t0 - page_size));
+  each_page(k_pool, [&](const KV* base, int64_t t0, int64_t n) {
     for (int64_t h = 0; h < heads; ++h)
       for (int64_t g = 0; g < group; ++g) {
         const float* qg = q + (h * group + g) * D;
@@ -119,7 +124,7 @@ void attend_pages(const float* q, const KV* k_pool, const KV* v_pool, const int6
           s[j0] = hsum(acc);
         }
       }
-  }
+  });
   thread_local std::vector<float> inv_sum;
   inv_sum.resize(hq);
   for (int64_t g = 0; g < hq; ++g) {
@@ -140,10 +145,7 @@ void attend_pages(const float* q, const KV* k_pool, const KV* v_pool, const int6
   }
   // V pass: each head's 64-column accumulators in registers over a page's tokens, kept in `out` between pages
   std::fill(out, out + hq * D, 0.0f);
-  for (int64_t p = 0; p < npages; ++p) {
-    const KV* base = page_rows(v_pool, p);
-    const int64_t t0 = p * page_size, n = std::min(page_size, len - t0);
-    if (p + 1 < npages) prefetch_page(page_rows(v_pool, p + 1), std::min(page_size, len - t0 - page_size));
+  each_page(v_pool, [&](const KV* base, int64_t t0, int64_t n) {
     for (int64_t h = 0; h < heads; ++h)
       for (int64_t g = 0; g < group; ++g) {
         const float* w = scores + (h * group + g) * len + t0;
@@ -160,7 +162,7 @@ void attend_pages(const float* q, const KV* k_pool, const KV* v_pool, const int6
           for (int64_t j = 0; j < kCols / 8; ++j) _mm256_storeu_ps(o + c0 + 8 * j, acc[j]);
         }
       }
-  }
+  });
   for (int64_t g = 0; g < hq; ++g) {
     const __m256 inv = _mm256_set1_ps(inv_sum[g]);
     for (int64_t c = 0; c < D; c += 8) _mm256_storeu_ps(out + g * D + c, _mm256_mul_ps(_mm256_loadu_ps(out + g * D + c), inv));
