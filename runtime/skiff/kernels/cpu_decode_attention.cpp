@@ -1,7 +1,8 @@
 // Decode attention on CPU, read straight from the paged KV pool: one query token per sequence against its
 // pages, for the torch backend's fp32 models. The pool may hold fp32, fp16 or bf16; narrow rows widen to
 // fp32 in registers as they load (F16C / a shift), so a narrow pool halves the bytes read, which is what a
-// decode step's attention waits on. Work items are (sequence, KV head) pairs, split by cpu_parallel.h.
+// decode step's attention waits on. Work items are whole sequences, or (sequence, KV head) pairs when there
+// are too few sequences to share out, split by cpu_parallel.h.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -80,8 +81,8 @@ inline __m256 exp8(__m256 x) {
 // ([page_size, Hkv, D]), so with all of a sequence's KV heads in one item each page is one sequential run of
 // memory for the K pass and one for the V pass (a single KV head reads a third of every row's lines, in
 // strides). Each score is eight partial sums reduced together, a head's V sum runs over its tokens in order.
-// q: [hq, D] scaled, the item's heads; k_pool/v_pool: [slots, Hkv, D]; pages: the sequence's page ids; scores: [hq, len] scratch;
-// out: [hq, D], the item's heads.
+// q: [hq, D] scaled, the item's heads; k_pool/v_pool: [slots, Hkv, D]; pages: the sequence's page ids;
+// scores: [hq, len] scratch; out: [hq, D], the item's heads.
 template <typename KV, int64_t D>
 void attend_pages(const float* q, const KV* k_pool, const KV* v_pool, const int64_t* pages, int64_t page_size,
                   int64_t len, int64_t h0, int64_t h1, int64_t hkv, int64_t group, float* scores, float* out) {
@@ -228,6 +229,12 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   float* po = out.data_ptr<float>();
   const int64_t qs0 = q.stride(0), qs1 = q.stride(1), row = hkv * d;
   const float sc = static_cast<float>(scale);
+  // the query heads of KV heads [h0, h0 + heads) of sequence b, scaled, into qg
+  auto scaled_q = [&](int64_t b, int64_t h0, int64_t heads, std::vector<float>& qg) {
+    qg.resize(heads * group * d);
+    for (int64_t g = 0; g < heads * group; ++g)
+      for (int64_t i = 0; i < d; ++i) qg[g * d + i] = pq[b * qs0 + (h0 * group + g) * qs1 + i] * sc;
+  };
   auto run = [&](const auto* pk, const auto* pv) {
     using KV = std::remove_cv_t<std::remove_pointer_t<decltype(pk)>>;
 #if SKIFF_DECODE_SIMD
@@ -236,10 +243,9 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
       const int64_t per_item = batch >= 2 * at::get_num_threads() ? hkv : 1, parts = hkv / per_item;
       skiff_cpu::for_each_item(batch * parts, [&](int64_t idx) {
         thread_local std::vector<float> scores, qg;
-        const int64_t b = idx / parts, h0 = idx % parts * per_item, len = lens[b], hq_item = per_item * group;
-        scores.resize(hq_item * len), qg.resize(hq_item * d);
-        for (int64_t g = 0; g < hq_item; ++g)
-          for (int64_t i = 0; i < d; ++i) qg[g * d + i] = pq[b * qs0 + (h0 * group + g) * qs1 + i] * sc;
+        const int64_t b = idx / parts, h0 = idx % parts * per_item, len = lens[b];
+        scores.resize(per_item * group * len);
+        scaled_q(b, h0, per_item, qg);
         float* o = po + (b * hq + h0 * group) * d;
         const int64_t* pages = pt + b * max_pages;
         if (d == 64)
@@ -253,10 +259,9 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
     skiff_cpu::for_each_item(batch * hkv, [&](int64_t idx) {
       thread_local std::vector<float> scores, qg;
       thread_local std::vector<const KV*> krows, vrows;
-      scores.resize(group * max_len), qg.resize(group * d), krows.resize(max_len), vrows.resize(max_len);
+      scores.resize(group * max_len), krows.resize(max_len), vrows.resize(max_len);
       const int64_t b = idx / hkv, h = idx % hkv, len = lens[b];
-      for (int64_t g = 0; g < group; ++g)
-        for (int64_t i = 0; i < d; ++i) qg[g * d + i] = pq[b * qs0 + (h * group + g) * qs1 + i] * sc;
+      scaled_q(b, h, 1, qg);
       const int64_t* pages = pt + b * max_pages;
       for (int64_t t = 0; t < len; ++t) {
         const int64_t slot = pages[t / page_size] * page_size + t % page_size;
